@@ -1,0 +1,562 @@
+// epcomm::buffer: normal-mode dispatch and combine, templated on the transport
+// and the token type. This is the host engine: the calling thread is the
+// producer and stores rows straight into peers' buffers (peer-mapped
+// transports). Protocol per call (see docs/design.md):
+//
+//   dispatch  notify: every rank posts its shape, input status and counts to
+//             every peer; all ranks then decide identically whether to go on,
+//             so bad input fails everywhere before any payload moves.
+//             data: rows go to (prefix over sources) offsets, then a counted
+//             signal per (source, destination).
+//   combine   ready: every rank posts its status and that its combine region is
+//             free; rows go back in one block per (rank, source); the source
+//             reduces in fp32.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epcomm/concepts.hpp"
+#include "epcomm/error.hpp"
+#include "epcomm/layout.hpp"
+#include "epcomm/normal_mode.hpp"
+#include "epcomm/token_types.hpp"
+#include "epcomm/topology.hpp"
+#include "epcomm/wire.hpp"
+
+namespace epcomm {
+
+template <peer_mapped_transport Transport, token_type Token>
+class buffer {
+ public:
+  using token = Token;
+  using combine_t = combine_type_t<Token>;
+
+  // Collective: every rank of `boot` constructs its buffer with the same config.
+  template <bootstrap B>
+    requires transport_for<Transport, B>
+  buffer(B& boot, const buffer_config& cfg)
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        timeout_(effective_timeout(cfg.timeout)),
+        cap_(agreed_capacity(boot, cfg, timeout_)),
+        plan_(wire::plan_regions(cap_)),
+        transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)) {
+    for (int p = 0; p < world_; ++p)
+      if (!transport_.is_peer_mapped(p))
+        throw error(rank_, "buffer", p,
+                    "rank is not peer-mapped from here; normal mode over this transport needs "
+                    "every rank on one node");
+  }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const wire::capacity& capacity() const { return cap_; }
+  Transport& transport() { return transport_; }
+
+  dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
+                                  const dispatch_options& opt = {}) {
+    ensure_usable("dispatch");
+    const std::uint64_t epoch = ++dispatch_epoch_;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in, opt);
+    const topology topo{world_, world_, cap_.num_experts, in.hidden, in.topk};
+    const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
+
+    guarded([&] {
+      post_notify(in, opt, lay, cause, epoch);
+      for (int s = 0; s < world_; ++s)
+        transport_.wait(slot(wire::signal_kind::notify, s), epoch, dl,
+                        {"dispatch", s, "notify counts"});
+    });
+    const auto peers = read_notify();
+    settle_on_failure([&] { check_notify(peers, epoch); }, wire::signal_kind::data, epoch, dl,
+                      "dispatch");
+
+    dispatch_result<Token> res;
+    res.handle = make_handle(in, lay, peers);
+    guarded([&] {
+      send_rows(in, lay, res.handle, topo);
+      for (int s = 0; s < world_; ++s)
+        transport_.wait(slot(wire::signal_kind::data, s), epoch, dl,
+                        {"dispatch", s, "token rows"});
+    });
+    fill_result(res, in, opt, peers);
+    return res;
+  }
+
+  // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given)
+  // without allocating.
+  void combine(const combine_input<combine_t>& in, const dispatch_handle& h,
+               std::span<combine_t> out_x, std::span<float> out_weights = {}) {
+    ensure_usable("combine");
+    const std::uint64_t epoch = ++combine_epoch_;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in, h, out_x, out_weights);
+
+    guarded([&] {
+      post_combine_status(cause, in.topk_weights.has_value(), epoch);
+      for (int s = 0; s < world_; ++s)
+        transport_.wait(slot(wire::signal_kind::combine_ready, s), epoch, dl,
+                        {"combine", s, "combine readiness"});
+    });
+    settle_on_failure([&] { check_combine_status(epoch); }, wire::signal_kind::combine_data, epoch,
+                      dl, "combine");
+    guarded([&] {
+      return_rows(in, h);
+      for (int r = 0; r < world_; ++r)
+        transport_.wait(slot(wire::signal_kind::combine_data, r), epoch, dl,
+                        {"combine", r, "combined rows"});
+    });
+    reduce(in, h, out_x, out_weights);
+  }
+
+  combine_result<combine_t> combine(const combine_input<combine_t>& in, const dispatch_handle& h) {
+    combine_result<combine_t> out;
+    out.x.resize(static_cast<std::size_t>(h.num_tokens) * h.hidden);
+    if (in.topk_weights) out.topk_weights.resize(static_cast<std::size_t>(h.num_tokens) * h.topk);
+    combine(in, h, out.x, out.topk_weights);
+    return out;
+  }
+
+ private:
+  struct peer_notify {
+    wire::notify_header header;
+    std::vector<int> tokens_per_rank;          // [R]
+    std::vector<int> tokens_per_local_expert;  // [E/R] of this rank's experts
+  };
+
+  // The configuration every rank must share, checked collectively so that a
+  // mismatch fails on all ranks instead of hanging the ones that agree.
+  struct config_record {
+    std::int32_t valid;
+    std::int32_t num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens;
+    std::int32_t token_id;
+  };
+
+  template <bootstrap B>
+  static wire::capacity agreed_capacity(B& boot, const buffer_config& cfg,
+                                        std::chrono::milliseconds timeout) {
+    const int world = boot.world_size();
+    std::string cause;
+    auto need = [&](bool ok, const std::string& what) {
+      if (!ok && cause.empty()) cause = what;
+    };
+    need(cfg.num_experts >= world && cfg.num_experts % world == 0,
+         "num_experts (" + std::to_string(cfg.num_experts) + ") must be a positive multiple of " +
+             "world_size (" + std::to_string(world) + ")");
+    need(cfg.max_hidden > 0, "max_hidden must be > 0");
+    need(!token_traits<Token>::has_scales || cfg.max_hidden % 128 == 0,
+         "max_hidden must be a multiple of 128 for fp8 tokens (one scale per 128 channels)");
+    need(cfg.max_topk > 0 && cfg.max_topk <= cfg.num_experts, "max_topk must be in [1, num_experts]");
+    need(cfg.max_tokens_per_rank >= 0, "max_tokens_per_rank must be >= 0");
+    need(cfg.max_recv_tokens >= 0, "max_recv_tokens must be >= 0");
+    const long long recv = cfg.max_recv_tokens > 0
+                               ? cfg.max_recv_tokens
+                               : static_cast<long long>(world) * cfg.max_tokens_per_rank;
+    need(recv <= std::numeric_limits<std::int32_t>::max(), "max_recv_tokens overflows int32");
+
+    const config_record mine{cause.empty() ? 1 : 0, cfg.num_experts, cfg.max_hidden, cfg.max_topk,
+                             cfg.max_tokens_per_rank, static_cast<std::int32_t>(recv),
+                             token_traits<Token>::id};
+    const auto bytes = boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(timeout));
+    std::vector<config_record> all(world);
+    std::memcpy(all.data(), bytes.data(), bytes.size());
+    if (!cause.empty()) throw error(boot.rank(), "buffer", no_peer, "invalid config: " + cause);
+    for (int p = 0; p < world; ++p) {
+      if (!all[p].valid) throw error(boot.rank(), "buffer", p, "peer rejected its config");
+      if (std::memcmp(&all[p], &mine, sizeof mine) != 0)
+        throw error(boot.rank(), "buffer", p,
+                    "config differs from this rank's (num_experts, max_hidden, max_topk, "
+                    "max_tokens_per_rank, max_recv_tokens and token type must agree)");
+    }
+    const int max_rows = cfg.max_tokens_per_rank * std::min(cfg.max_topk, world);
+    return wire::capacity{world,
+                          cfg.num_experts,
+                          cfg.max_hidden,
+                          cfg.max_topk,
+                          cfg.max_tokens_per_rank,
+                          static_cast<int>(recv),
+                          max_rows,
+                          static_cast<int>(sizeof(Token)),
+                          static_cast<int>(sizeof(combine_t)),
+                          token_traits<Token>::has_scales};
+  }
+
+  std::size_t slot(wire::signal_kind kind, int source) const {
+    return wire::signal_slot(kind, source, world_);
+  }
+
+  void ensure_usable(const char* op) const {
+    if (broken_) throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+  }
+
+  // A transport failure (deadline, lost peer) leaves peers mid-protocol: the
+  // buffer refuses further calls rather than mix epochs.
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      broken_ = e.what();
+      throw;
+    }
+  }
+
+  // When every rank has agreed to reject a call, each still completes the
+  // call's final round (a counted signal with no payload) before throwing: a
+  // rank that raced into its next call would otherwise overwrite status slots
+  // that slower peers have not read yet.
+  template <class Check>
+  void settle_on_failure(Check&& check, wire::signal_kind final_round, std::uint64_t epoch,
+                         const deadline& dl, const char* op) {
+    try {
+      check();
+    } catch (const error&) {
+      guarded([&] {
+        for (int p = 0; p < world_; ++p) transport_.signal_add(p, slot(final_round, rank_), 1);
+        for (int p = 0; p < world_; ++p)
+          transport_.wait(slot(final_round, p), epoch, dl, {op, p, "agreement to reject the call"});
+      });
+      throw;
+    }
+  }
+
+  std::string validate(const dispatch_input<Token>& in, const dispatch_options& opt) const {
+    const auto t = static_cast<std::size_t>(std::max(in.num_tokens, 0));
+    const auto h = static_cast<std::size_t>(std::max(in.hidden, 0));
+    const auto k = static_cast<std::size_t>(std::max(in.topk, 0));
+    if (in.num_tokens < 0) return "num_tokens is negative";
+    if (in.num_tokens > cap_.max_tokens_per_rank)
+      return std::to_string(in.num_tokens) + " tokens exceed the buffer's max_tokens_per_rank " +
+             std::to_string(cap_.max_tokens_per_rank);
+    if (in.hidden < 1 || in.hidden > cap_.max_hidden)
+      return "hidden " + std::to_string(in.hidden) + " is outside [1, " +
+             std::to_string(cap_.max_hidden) + "]";
+    if (token_traits<Token>::has_scales && in.hidden % 128 != 0)
+      return "hidden " + std::to_string(in.hidden) + " is not a multiple of 128 (fp8 scales)";
+    if (in.topk < 1 || in.topk > cap_.max_topk)
+      return "topk " + std::to_string(in.topk) + " is outside [1, " + std::to_string(cap_.max_topk) + "]";
+    if (in.x.size() != t * h)
+      return "x holds " + std::to_string(in.x.size()) + " elements, expected T*H = " + std::to_string(t * h);
+    const std::size_t scales = token_traits<Token>::has_scales ? t * (h / 128) : 0;
+    if (in.x_scales.size() != scales)
+      return "x_scales holds " + std::to_string(in.x_scales.size()) + " values, expected " +
+             std::to_string(scales);
+    if (in.topk_idx.size() != t * k)
+      return "topk_idx holds " + std::to_string(in.topk_idx.size()) + " ids, expected T*K = " +
+             std::to_string(t * k);
+    if (in.topk_weights.size() != t * k)
+      return "topk_weights holds " + std::to_string(in.topk_weights.size()) +
+             " values, expected T*K = " + std::to_string(t * k);
+    if (opt.worst_case_recv_tokens < 0 || opt.worst_case_recv_tokens > cap_.max_recv_tokens)
+      return "worst_case_recv_tokens " + std::to_string(opt.worst_case_recv_tokens) +
+             " is outside [0, max_recv_tokens " + std::to_string(cap_.max_recv_tokens) + "]";
+    if (auto bad = find_invalid_expert(in.topk_idx, in.topk, cap_.num_experts)) return *bad;
+    return {};
+  }
+
+  void post_notify(const dispatch_input<Token>& in, const dispatch_options& opt, const layout& lay,
+                   const std::string& cause, std::uint64_t epoch) {
+    wire::notify_header hdr{};
+    hdr.magic = wire::magic;
+    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
+    hdr.epoch = epoch;
+    hdr.num_tokens = in.num_tokens;
+    hdr.hidden = in.hidden;
+    hdr.topk = in.topk;
+    hdr.num_experts = cap_.num_experts;
+    hdr.token_id = token_traits<Token>::id;
+    hdr.recv_bound = opt.worst_case_recv_tokens;
+    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+    const int per_rank = cap_.num_experts / world_;
+    std::vector<std::int32_t> zeros(world_ + per_rank, 0);
+    for (int p = 0; p < world_; ++p) {
+      std::byte* at = transport_.peer_ptr(p, plan_.notify + rank_ * plan_.notify_slot_bytes);
+      std::memcpy(at, &hdr, sizeof hdr);
+      auto* counts = reinterpret_cast<std::int32_t*>(at + sizeof hdr);
+      if (cause.empty()) {
+        std::copy(lay.tokens_per_rank.begin(), lay.tokens_per_rank.end(), counts);
+        std::copy_n(lay.tokens_per_expert.begin() + p * per_rank, per_rank, counts + world_);
+      } else {
+        std::copy(zeros.begin(), zeros.end(), counts);
+      }
+      transport_.signal_add(p, slot(wire::signal_kind::notify, rank_), 1);
+    }
+  }
+
+  std::vector<peer_notify> read_notify() {
+    const int per_rank = cap_.num_experts / world_;
+    std::vector<peer_notify> peers(world_);
+    const std::byte* base = transport_.local_buffer().data() + plan_.notify;
+    for (int s = 0; s < world_; ++s) {
+      const std::byte* at = base + s * plan_.notify_slot_bytes;
+      std::memcpy(&peers[s].header, at, sizeof(wire::notify_header));
+      const auto* counts = reinterpret_cast<const std::int32_t*>(at + sizeof(wire::notify_header));
+      peers[s].tokens_per_rank.assign(counts, counts + world_);
+      peers[s].tokens_per_local_expert.assign(counts + world_, counts + world_ + per_rank);
+    }
+    return peers;
+  }
+
+  // Every rank sees the same headers, so every rank reaches the same verdict:
+  // either all go on to move payload or all throw here.
+  void check_notify(const std::vector<peer_notify>& peers, std::uint64_t epoch) const {
+    for (int s = 0; s < world_; ++s) {
+      const auto& h = peers[s].header;
+      if (h.magic != wire::magic || h.epoch != epoch)
+        throw error(rank_, "dispatch", s,
+                    "protocol mismatch: notify epoch " + std::to_string(h.epoch) + ", expected " +
+                        std::to_string(epoch));
+      if (h.state != wire::status::ok)
+        throw error(rank_, "dispatch", s == rank_ ? no_peer : s,
+                    std::string(s == rank_ ? "invalid input: " : "invalid input on that rank: ") +
+                        h.cause);
+    }
+    const auto& ref = peers[0].header;
+    for (int s = 1; s < world_; ++s) {
+      const auto& h = peers[s].header;
+      auto differs = [&](const char* what, int there, int on0) {
+        if (there != on0)
+          throw error(rank_, "dispatch", s,
+                      std::string(what) + " " + std::to_string(there) +
+                          " on that rank disagrees with " + std::to_string(on0) + " on rank 0");
+      };
+      differs("hidden", h.hidden, ref.hidden);
+      differs("topk", h.topk, ref.topk);
+      differs("token type id", h.token_id, ref.token_id);
+      differs("num_experts", h.num_experts, ref.num_experts);
+    }
+    for (int r = 0; r < world_; ++r) {
+      long long total = 0;
+      for (int s = 0; s < world_; ++s) total += peers[s].tokens_per_rank[r];
+      const int bound = peers[r].header.recv_bound;
+      if (total > cap_.max_recv_tokens)
+        throw error(rank_, "dispatch", r,
+                    "that rank would receive " + std::to_string(total) +
+                        " tokens, more than its buffer holds (max_recv_tokens " +
+                        std::to_string(cap_.max_recv_tokens) + ")");
+      if (bound > 0 && total > bound)
+        throw error(rank_, "dispatch", r,
+                    "that rank would receive " + std::to_string(total) +
+                        " tokens, more than its worst_case_recv_tokens " + std::to_string(bound));
+    }
+  }
+
+  dispatch_handle make_handle(const dispatch_input<Token>& in, const layout& lay,
+                              const std::vector<peer_notify>& peers) const {
+    dispatch_handle h;
+    h.world_size = world_;
+    h.rank = rank_;
+    h.num_tokens = in.num_tokens;
+    h.hidden = in.hidden;
+    h.topk = in.topk;
+    h.count_matrix.resize(static_cast<std::size_t>(world_) * world_);
+    for (int s = 0; s < world_; ++s)
+      for (int r = 0; r < world_; ++r) h.count_matrix[s * world_ + r] = peers[s].tokens_per_rank[r];
+    h.num_recv_tokens = h.recv_offset(world_, rank_);
+    h.send_pos = lay.send_pos;
+    return h;
+  }
+
+  template <class T>
+  T* peer_array(int peer, std::size_t offset) {
+    return reinterpret_cast<T*>(transport_.peer_ptr(peer, offset));
+  }
+
+  void send_rows(const dispatch_input<Token>& in, const layout& lay, const dispatch_handle& h,
+                 const topology& topo) {
+    const std::size_t hidden = in.hidden;
+    const std::size_t k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    const int per_rank = topo.experts_per_rank();
+    struct target {
+      Token* x;
+      float* scales;
+      std::int64_t* idx;
+      float* weights;
+      std::int32_t* src;
+      int base;
+    };
+    std::vector<target> to(world_);
+    for (int r = 0; r < world_; ++r)
+      to[r] = {peer_array<Token>(r, plan_.recv_x), peer_array<float>(r, plan_.recv_scales),
+               peer_array<std::int64_t>(r, plan_.recv_topk_idx),
+               peer_array<float>(r, plan_.recv_weights), peer_array<std::int32_t>(r, plan_.recv_src_idx),
+               h.recv_offset(rank_, r)};
+    // Token-major: each source row is read once, while hot, for all its ranks.
+    for (int t = 0; t < in.num_tokens; ++t) {
+      for (int r = 0; r < world_; ++r) {
+        const int pos = lay.position(t, r);
+        if (pos < 0) continue;
+        const std::size_t row = static_cast<std::size_t>(to[r].base + pos);
+        std::memcpy(to[r].x + row * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
+        if (nscales != 0)
+          std::memcpy(to[r].scales + row * nscales, in.x_scales.data() + t * nscales,
+                      nscales * sizeof(float));
+        for (std::size_t j = 0; j < k; ++j) {
+          const std::int64_t local = local_expert_id(in.topk_idx[t * k + j], r, per_rank);
+          to[r].idx[row * k + j] = local;
+          to[r].weights[row * k + j] = local >= 0 ? in.topk_weights[t * k + j] : 0.0f;
+        }
+        to[r].src[row] = t;
+      }
+    }
+    for (int r = 0; r < world_; ++r) transport_.signal_add(r, slot(wire::signal_kind::data, rank_), 1);
+  }
+
+  void fill_result(dispatch_result<Token>& res, const dispatch_input<Token>& in,
+                   const dispatch_options& opt, const std::vector<peer_notify>& peers) {
+    const int n = res.handle.num_recv_tokens;
+    const int rows = opt.worst_case_recv_tokens > 0 ? opt.worst_case_recv_tokens : n;
+    const std::size_t hidden = in.hidden;
+    const std::size_t k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    std::byte* base = transport_.local_buffer().data();
+    auto* idx = reinterpret_cast<std::int64_t*>(base + plan_.recv_topk_idx);
+    auto* weights = reinterpret_cast<float*>(base + plan_.recv_weights);
+    auto* src = reinterpret_cast<std::int32_t*>(base + plan_.recv_src_idx);
+    // Padding rows must read as "routed nowhere" for callers that loop over
+    // the bound rather than the count.
+    std::fill(idx + n * k, idx + rows * k, -1);
+    std::fill(weights + n * k, weights + rows * k, 0.0f);
+    std::fill(src + n, src + rows, -1);
+    res.num_recv_tokens = n;
+    res.recv_x = {reinterpret_cast<const Token*>(base + plan_.recv_x), rows * hidden};
+    if (nscales != 0) res.recv_x_scales = {reinterpret_cast<const float*>(base + plan_.recv_scales), rows * nscales};
+    res.recv_topk_idx = {idx, rows * k};
+    res.recv_topk_weights = {weights, rows * k};
+    res.recv_src_idx = {src, static_cast<std::size_t>(rows)};
+    res.num_recv_tokens_per_expert.assign(cap_.num_experts / world_, 0);
+    for (const auto& p : peers)
+      for (std::size_t e = 0; e < p.tokens_per_local_expert.size(); ++e)
+        res.num_recv_tokens_per_expert[e] += p.tokens_per_local_expert[e];
+  }
+
+  std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,
+                       std::span<combine_t> out_x, std::span<float> out_weights) const {
+    if (h.world_size != world_ || h.rank != rank_)
+      return "handle belongs to rank " + std::to_string(h.rank) + " of a world of " +
+             std::to_string(h.world_size);
+    const std::size_t hidden = h.hidden;
+    const std::size_t t = h.num_tokens;
+    const std::size_t k = h.topk;
+    if (in.y.size() % hidden != 0 || in.y.size() < h.num_recv_tokens * hidden)
+      return "y holds " + std::to_string(in.y.size()) + " elements, expected N*H with N >= " +
+             std::to_string(h.num_recv_tokens) + " rows of " + std::to_string(hidden);
+    const std::size_t rows = in.y.size() / hidden;
+    if (in.topk_weights && in.topk_weights->size() != rows * k)
+      return "topk_weights holds " + std::to_string(in.topk_weights->size()) + " values, expected " +
+             std::to_string(rows * k) + " (rows of y times topk)";
+    for (auto bias : {in.bias_0, in.bias_1})
+      if (!bias.empty() && bias.size() != t * hidden)
+        return "bias holds " + std::to_string(bias.size()) + " elements, expected T*H = " +
+               std::to_string(t * hidden);
+    if (out_x.size() != t * hidden)
+      return "output holds " + std::to_string(out_x.size()) + " elements, expected T*H = " +
+             std::to_string(t * hidden);
+    if (in.topk_weights && out_weights.size() != t * k)
+      return "output weights hold " + std::to_string(out_weights.size()) + " values, expected T*K = " +
+             std::to_string(t * k);
+    return {};
+  }
+
+  void post_combine_status(const std::string& cause, bool with_weights, std::uint64_t epoch) {
+    wire::combine_header hdr{};
+    hdr.epoch = epoch;
+    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
+    hdr.with_weights = with_weights ? 1 : 0;
+    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+    for (int p = 0; p < world_; ++p) {
+      std::memcpy(transport_.peer_ptr(p, plan_.combine_status + rank_ * plan_.combine_status_slot_bytes),
+                  &hdr, sizeof hdr);
+      transport_.signal_add(p, slot(wire::signal_kind::combine_ready, rank_), 1);
+    }
+  }
+
+  void check_combine_status(std::uint64_t epoch) {
+    const std::byte* base = transport_.local_buffer().data() + plan_.combine_status;
+    std::vector<wire::combine_header> all(world_);
+    for (int s = 0; s < world_; ++s)
+      std::memcpy(&all[s], base + s * plan_.combine_status_slot_bytes, sizeof(wire::combine_header));
+    for (int s = 0; s < world_; ++s) {
+      if (all[s].epoch != epoch)
+        throw error(rank_, "combine", s,
+                    "protocol mismatch: combine epoch " + std::to_string(all[s].epoch) +
+                        ", expected " + std::to_string(epoch));
+      if (all[s].state != wire::status::ok)
+        throw error(rank_, "combine", s == rank_ ? no_peer : s,
+                    std::string(s == rank_ ? "invalid input: " : "invalid input on that rank: ") +
+                        all[s].cause);
+    }
+    for (int s = 1; s < world_; ++s)
+      if (all[s].with_weights != all[0].with_weights)
+        throw error(rank_, "combine", s,
+                    "topk_weights given on some ranks only (every rank passes them or none)");
+  }
+
+  void return_rows(const combine_input<combine_t>& in, const dispatch_handle& h) {
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const bool weights = in.topk_weights.has_value();
+    for (int s = 0; s < world_; ++s) {
+      const std::size_t n = h.sent(s, rank_);
+      if (n != 0) {
+        const std::size_t from = h.recv_offset(s, rank_);
+        const std::size_t to = h.return_offset(s, rank_);
+        std::memcpy(peer_array<combine_t>(s, plan_.combine_x) + to * hidden,
+                    in.y.data() + from * hidden, n * hidden * sizeof(combine_t));
+        if (weights)
+          std::memcpy(peer_array<float>(s, plan_.combine_weights) + to * k,
+                      in.topk_weights->data() + from * k, n * k * sizeof(float));
+      }
+      transport_.signal_add(s, slot(wire::signal_kind::combine_data, rank_), 1);
+    }
+  }
+
+  void reduce(const combine_input<combine_t>& in, const dispatch_handle& h,
+              std::span<combine_t> out_x, std::span<float> out_weights) {
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const std::byte* base = transport_.local_buffer().data();
+    const auto* rows = reinterpret_cast<const combine_t*>(base + plan_.combine_x);
+    const auto* wrows = reinterpret_cast<const float*>(base + plan_.combine_weights);
+    std::vector<int> first(world_);
+    for (int r = 0; r < world_; ++r) first[r] = h.return_offset(rank_, r);
+    std::vector<float> acc(hidden);
+    for (int t = 0; t < h.num_tokens; ++t) {
+      const std::size_t at = static_cast<std::size_t>(t) * hidden;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (auto bias : {in.bias_0, in.bias_1})
+        if (!bias.empty())
+          for (std::size_t c = 0; c < hidden; ++c) acc[c] += to_float(bias[at + c]);
+      if (!out_weights.empty())
+        std::fill_n(out_weights.begin() + static_cast<std::ptrdiff_t>(t * k), k, 0.0f);
+      for (int r = 0; r < world_; ++r) {
+        const int pos = h.send_pos[static_cast<std::size_t>(t) * world_ + r];
+        if (pos < 0) continue;
+        const std::size_t row = static_cast<std::size_t>(first[r] + pos);
+        const combine_t* src = rows + row * hidden;
+        for (std::size_t c = 0; c < hidden; ++c) acc[c] += to_float(src[c]);
+        if (!out_weights.empty())
+          for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += wrows[row * k + j];
+      }
+      for (std::size_t c = 0; c < hidden; ++c) out_x[at + c] = from_float<combine_t>(acc[c]);
+    }
+  }
+
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  wire::capacity cap_;
+  wire::region_plan plan_;
+  Transport transport_;
+  std::uint64_t dispatch_epoch_ = 0;
+  std::uint64_t combine_epoch_ = 0;
+  std::optional<std::string> broken_;
+};
+
+}  // namespace epcomm

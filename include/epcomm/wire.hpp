@@ -1,0 +1,122 @@
+// The wire format of normal mode: what lives where in every rank's symmetric
+// buffer and which signal slot means what. Host engine and CUDA kernels both
+// read it from here; everything is plain integers so it is usable on device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "epcomm/config.hpp"
+
+namespace epcomm::wire {
+
+inline constexpr std::uint32_t magic = 0x31435045;  // "EPC1"
+inline constexpr std::size_t alignment = 256;       // every array starts on this boundary
+inline constexpr int cause_bytes = 120;             // room for a human-readable input error
+
+EPCOMM_HD constexpr std::size_t align_up(std::size_t n, std::size_t a = alignment) {
+  return (n + a - 1) / a * a;
+}
+
+// Signals are 64-bit counters, one per (kind, source rank); a source adds 1
+// per operation, so a receiver waits for "counter >= epoch". Counting, never
+// "the last byte arrived", keeps this valid on fabrics that reorder writes.
+enum class signal_kind : int { notify = 0, data = 1, combine_ready = 2, combine_data = 3, count };
+
+EPCOMM_HD constexpr std::size_t signal_slot(signal_kind kind, int source, int world_size) {
+  return static_cast<std::size_t>(kind) * world_size + source;
+}
+EPCOMM_HD constexpr std::size_t signal_slots(int world_size) {
+  return static_cast<std::size_t>(signal_kind::count) * world_size;
+}
+
+enum class status : std::int32_t { ok = 0, invalid_input = 1 };
+
+// What a rank tells every peer before any payload moves (the "notify" phase):
+// its shape, whether its input is valid, and its counts. Followed in the slot
+// by int32 tokens_per_rank[R] and int32 tokens_per_local_expert[E/R] (for the
+// experts of the slot's owner).
+struct notify_header {
+  std::uint32_t magic;
+  status state;
+  std::uint64_t epoch;
+  std::int32_t num_tokens;
+  std::int32_t hidden;
+  std::int32_t topk;
+  std::int32_t num_experts;
+  std::int32_t token_id;      // token_traits<Token>::id
+  std::int32_t recv_bound;    // the sender's own worst-case receive bound, 0 = none
+  char cause[cause_bytes];    // NUL-terminated, set when state != ok
+};
+
+// Posted by each rank before it receives combine rows, so that a rank whose
+// combine input is bad stops every peer before any row moves.
+struct combine_header {
+  std::uint64_t epoch;
+  status state;
+  std::int32_t with_weights;  // every rank passes topk_weights or none does
+  char cause[cause_bytes];
+};
+
+// Capacities a buffer is built with; identical on every rank.
+struct capacity {
+  int world_size;
+  int num_experts;
+  int max_hidden;
+  int max_topk;
+  int max_tokens_per_rank;
+  int max_recv_tokens;   // rows a rank can receive in dispatch
+  int max_combine_rows;  // rows a rank can receive back in combine
+  int token_bytes;       // bytes per element of dispatched tokens
+  int combine_bytes;     // bytes per element of combined rows
+  bool has_scales;       // fp8 tokens carry one fp32 scale per 128 channels
+};
+
+// Byte offsets of every array in the symmetric buffer. Arrays are laid out as
+// structure of arrays sized by capacity; within an array, rows are packed with
+// the call's actual hidden / topk, so a receiver's arrays are dense [N][H].
+struct region_plan {
+  std::size_t notify;        // R slots of notify_slot_bytes
+  std::size_t notify_slot_bytes;
+  std::size_t combine_status;  // R slots of sizeof(combine_header), aligned
+  std::size_t combine_status_slot_bytes;
+  std::size_t recv_x;        // [max_recv_tokens][max_hidden] tokens
+  std::size_t recv_scales;   // [max_recv_tokens][max_hidden/128] float
+  std::size_t recv_topk_idx; // [max_recv_tokens][max_topk] int64
+  std::size_t recv_weights;  // [max_recv_tokens][max_topk] float
+  std::size_t recv_src_idx;  // [max_recv_tokens] int32
+  std::size_t combine_x;     // [max_combine_rows][max_hidden] combine elements
+  std::size_t combine_weights; // [max_combine_rows][max_topk] float
+  std::size_t total;
+};
+
+EPCOMM_HD constexpr region_plan plan_regions(const capacity& c) {
+  region_plan p{};
+  const std::size_t n = static_cast<std::size_t>(c.max_recv_tokens);
+  const std::size_t rows = static_cast<std::size_t>(c.max_combine_rows);
+  const std::size_t h = static_cast<std::size_t>(c.max_hidden);
+  const std::size_t k = static_cast<std::size_t>(c.max_topk);
+  const std::size_t local_experts = static_cast<std::size_t>(c.num_experts / c.world_size);
+  std::size_t at = 0;
+  auto take = [&at](std::size_t bytes) {
+    const std::size_t here = at;
+    at = align_up(at + bytes);
+    return here;
+  };
+  p.notify_slot_bytes =
+      align_up(sizeof(notify_header) + sizeof(std::int32_t) * (c.world_size + local_experts), 64);
+  p.notify = take(p.notify_slot_bytes * c.world_size);
+  p.combine_status_slot_bytes = align_up(sizeof(combine_header), 64);
+  p.combine_status = take(p.combine_status_slot_bytes * c.world_size);
+  p.recv_x = take(n * h * c.token_bytes);
+  p.recv_scales = take(c.has_scales ? n * (h / 128) * sizeof(float) : 0);
+  p.recv_topk_idx = take(n * k * sizeof(std::int64_t));
+  p.recv_weights = take(n * k * sizeof(float));
+  p.recv_src_idx = take(n * sizeof(std::int32_t));
+  p.combine_x = take(rows * h * c.combine_bytes);
+  p.combine_weights = take(rows * k * sizeof(float));
+  p.total = at;
+  return p;
+}
+
+}  // namespace epcomm::wire

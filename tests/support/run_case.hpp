@@ -1,0 +1,75 @@
+// Runs one normal-mode case on `world` forked ranks over the shm transport:
+// every rank dispatches, checks against the reference, combines and checks
+// again, `iterations` times on one buffer with a new seed each time.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "epcomm/bootstrap/local.hpp"
+#include "epcomm/buffer.hpp"
+#include "epcomm/shm/transport.hpp"
+#include "support/reference.hpp"
+
+namespace epcomm::test {
+
+struct case_options {
+  int iterations = 1;
+  int worst_case_recv_tokens = 0;
+};
+
+template <token_type Token>
+int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
+  const int rank = boot.rank();
+  buffer_config cfg;
+  cfg.num_experts = s.experts;
+  cfg.max_hidden = s.hidden;
+  cfg.max_topk = s.topk;
+  cfg.max_tokens_per_rank = s.tokens;
+  buffer<shm::transport, Token> buf(boot, cfg);
+  for (int it = 0; it < opt.iterations; ++it, ++s.seed) {
+    std::vector<rank_input<Token>> all;
+    for (int r = 0; r < s.world; ++r) all.push_back(make_input<Token>(s, r));
+    const auto& mine = all[rank];
+    dispatch_input<Token> in{s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights};
+    const auto res = buf.dispatch(in, {opt.worst_case_recv_tokens});
+    const std::string what = describe(s, token_traits<Token>::name.data());
+    if (opt.worst_case_recv_tokens > 0 &&
+        res.recv_x.size() != static_cast<std::size_t>(opt.worst_case_recv_tokens) * s.hidden) {
+      std::fprintf(stderr, "rank %d [%s]: result not padded to the bound\n", rank, what.c_str());
+      return 1;
+    }
+    if (auto e = check_dispatch(s, rank, all, res); !e.empty()) {
+      std::fprintf(stderr, "rank %d [%s] dispatch: %s\n", rank, what.c_str(), e.c_str());
+      return 1;
+    }
+    const auto y = expert_rows(res, s.hidden, rank);
+    const auto out = buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
+    if (auto e = check_combine(s, mine, out); !e.empty()) {
+      std::fprintf(stderr, "rank %d [%s] %s\n", rank, what.c_str(), e.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// True when every rank exited 0; prints the exit codes otherwise.
+inline bool all_ok(const std::vector<int>& codes, const std::string& what) {
+  bool ok = true;
+  for (int c : codes) ok = ok && c == 0;
+  if (!ok) {
+    std::fprintf(stderr, "case failed: %s; exit codes:", what.c_str());
+    for (int c : codes) std::fprintf(stderr, " %d", c);
+    std::fprintf(stderr, "\n");
+  }
+  return ok;
+}
+
+template <token_type Token>
+bool run_case(const shape& s, case_options opt = {}) {
+  const auto codes = launch_local(s.world, [&](local_bootstrap& b) { return run_rank<Token>(b, s, opt); });
+  return all_ok(codes, describe(s, token_traits<Token>::name.data()));
+}
+
+}  // namespace epcomm::test

@@ -1,0 +1,200 @@
+// Bad input must give epcomm::error on every rank before any payload moves,
+// never a hang, and must leave the buffer usable for the next valid call.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <thread>
+
+#include "support/run_case.hpp"
+
+using namespace epcomm;
+using test::routing;
+using test::shape;
+
+namespace {
+
+using mutate = std::function<void(int rank, dispatch_input<bf16>&, dispatch_options&)>;
+
+// Every rank must throw an error whose text contains `expect` and, on ranks
+// other than `culprit`, names it as the peer; then one valid dispatch on the
+// same buffer must succeed.
+std::vector<int> expect_dispatch_error(const shape& s, const mutate& m, const std::string& expect,
+                                       int culprit = -1, int max_tokens = 0) {
+  return launch_local(s.world, [&](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    buffer_config cfg{s.experts, 512, s.topk, max_tokens > 0 ? max_tokens : s.tokens, 0, std::chrono::milliseconds(10'000)};
+    buffer<shm::transport, bf16> buf(boot, cfg);
+    auto mine = test::make_input<bf16>(s, rank);
+    dispatch_input<bf16> in{s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights};
+    dispatch_options opt;
+    m(rank, in, opt);
+    try {
+      buf.dispatch(in, opt);
+      std::fprintf(stderr, "rank %d: bad input accepted\n", rank);
+      return 1;
+    } catch (const error& e) {
+      if (std::string(e.what()).find(expect) == std::string::npos ||
+          (culprit >= 0 && rank != culprit && e.peer() != culprit)) {
+        std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, e.what());
+        return 2;
+      }
+    }
+    // Nothing moved and every rank agreed: the buffer serves the next call.
+    shape ok = s;
+    ok.tokens = cfg.max_tokens_per_rank;
+    std::vector<test::rank_input<bf16>> all;
+    for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<bf16>(ok, r));
+    dispatch_input<bf16> good{ok.tokens, ok.hidden, ok.topk, all[rank].x, {}, all[rank].topk_idx, all[rank].topk_weights};
+    const auto res = buf.dispatch(good);
+    if (auto e = test::check_dispatch(ok, rank, all, res); !e.empty()) {
+      std::fprintf(stderr, "rank %d: after the error: %s\n", rank, e.c_str());
+      return 3;
+    }
+    return 0;
+  });
+}
+
+bool all_zero(const std::vector<int>& codes) {
+  return test::all_ok(codes, "bad-input case");
+}
+
+}  // namespace
+
+TEST_CASE("expert id out of range on one rank fails every rank") {
+  const shape s{3, 16, 128, 2, 6, routing::random, 1};
+  std::vector<std::int64_t> bad;
+  CHECK(all_zero(expect_dispatch_error(
+      s,
+      [&](int rank, dispatch_input<bf16>& in, dispatch_options&) {
+        if (rank != 1) return;
+        bad.assign(in.topk_idx.begin(), in.topk_idx.end());
+        bad[5] = 6;  // == num_experts
+        in.topk_idx = bad;
+      },
+      "topk_idx[2][1] = 6 is outside [-1, 6)", 1)));
+  CHECK(all_zero(expect_dispatch_error(
+      s,
+      [&](int rank, dispatch_input<bf16>& in, dispatch_options&) {
+        if (rank != 2) return;
+        bad.assign(in.topk_idx.begin(), in.topk_idx.end());
+        bad[0] = -2;
+        in.topk_idx = bad;
+      },
+      "is outside [-1, 6)", 2)));
+}
+
+TEST_CASE("the error names the rank whose input was bad") {
+  const shape s{4, 8, 128, 2, 8, routing::random, 2};
+  CHECK(all_zero(expect_dispatch_error(
+      s,
+      [](int rank, dispatch_input<bf16>& in, dispatch_options&) {
+        if (rank == 3) in.num_tokens = -1;
+      },
+      "num_tokens is negative", 3)));
+}
+
+TEST_CASE("hidden that differs across ranks") {
+  const shape s{3, 8, 256, 2, 6, routing::random, 3};
+  CHECK(all_zero(expect_dispatch_error(
+      s,
+      [](int rank, dispatch_input<bf16>& in, dispatch_options&) {
+        if (rank == 2) {
+          in.hidden = 128;
+          in.x = in.x.first(in.x.size() / 2);
+        }
+      },
+      "hidden 128 on that rank disagrees with 256 on rank 0", 2)));
+}
+
+TEST_CASE("more tokens than the buffer holds") {
+  const shape s{2, 32, 128, 2, 4, routing::random, 4};
+  CHECK(all_zero(expect_dispatch_error(
+      s, [](int, dispatch_input<bf16>&, dispatch_options&) {},
+      "32 tokens exceed the buffer's max_tokens_per_rank 16", -1, 16)));
+}
+
+TEST_CASE("more received tokens than the worst-case bound") {
+  const shape s{2, 32, 128, 2, 4, routing::one_expert, 5};  // all 64 tokens land on rank 0
+  CHECK(all_zero(expect_dispatch_error(
+      s, [](int, dispatch_input<bf16>&, dispatch_options& o) { o.worst_case_recv_tokens = 40; },
+      "that rank would receive 64 tokens, more than its worst_case_recv_tokens 40", 0)));
+}
+
+TEST_CASE("configs that disagree fail at construction on every rank") {
+  const auto codes = launch_local(3, [](local_bootstrap& boot) {
+    buffer_config cfg{6, boot.rank() == 1 ? 256 : 128, 2, 8, 0, std::chrono::milliseconds(5'000)};
+    try {
+      buffer<shm::transport, bf16> buf(boot, cfg);
+    } catch (const error& e) {
+      return std::string(e.what()).find("config differs") != std::string::npos ? 0 : 2;
+    }
+    return 1;
+  });
+  CHECK(all_zero(codes));
+}
+
+TEST_CASE("bad combine input on one rank fails every rank") {
+  const shape s{3, 16, 128, 2, 6, routing::random, 6};
+  const auto codes = launch_local(s.world, [&](local_bootstrap& boot) {
+    buffer<shm::transport, bf16> buf(boot, {6, 128, 2, 16, 0, std::chrono::milliseconds(5'000)});
+    const auto mine = test::make_input<bf16>(s, boot.rank());
+    const auto res = buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+    auto y = test::expert_rows(res, s.hidden, boot.rank());
+    if (boot.rank() == 0) y.resize(y.size() + 1);
+    try {
+      buf.combine({y, std::nullopt, {}, {}}, res.handle);
+    } catch (const error& e) {
+      return std::string(e.what()).find("y holds") != std::string::npos ? 0 : 2;
+    }
+    return 1;
+  });
+  CHECK(all_zero(codes));
+}
+
+TEST_CASE("a peer that exits makes the survivors fail fast, not at the deadline") {
+  const shape s{3, 16, 128, 2, 6, routing::random, 7};
+  const auto start = steady::now();
+  const auto codes = launch_local(s.world, [&](local_bootstrap& boot) {
+    buffer<shm::transport, bf16> buf(boot, {6, 128, 2, 16, 0, std::chrono::milliseconds(20'000)});
+    if (boot.rank() == 1) return 0;  // leaves without dispatching
+    const auto mine = test::make_input<bf16>(s, boot.rank());
+    try {
+      buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+    } catch (const error& e) {
+      return e.peer() == 1 && std::string(e.what()).find("exited") != std::string::npos ? 0 : 2;
+    }
+    return 1;
+  });
+  CHECK(all_zero(codes));
+  CHECK(steady::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("a stalled peer gives a deadline error naming it") {
+  const shape s{2, 16, 128, 2, 4, routing::random, 8};
+  const auto codes = launch_local(s.world, [&](local_bootstrap& boot) {
+    buffer<shm::transport, bf16> buf(boot, {4, 128, 2, 16, 0, std::chrono::milliseconds(300)});
+    if (boot.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+      return 0;
+    }
+    const auto mine = test::make_input<bf16>(s, 0);
+    try {
+      buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+    } catch (const error& e) {
+      const std::string w = e.what();
+      if (e.peer() == 1 && w.find("deadline expired waiting for notify counts") != std::string::npos) {
+        // The buffer refuses further use rather than mixing epochs.
+        try {
+          buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+        } catch (const error& again) {
+          return std::string(again.what()).find("unusable") != std::string::npos ? 0 : 3;
+        }
+      }
+      std::fprintf(stderr, "%s\n", w.c_str());
+      return 2;
+    }
+    return 1;
+  });
+  CHECK(all_zero(codes));
+}
