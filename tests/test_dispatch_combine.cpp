@@ -55,3 +55,30 @@ TEST_CASE("worst-case receive bound pads results to a routing-independent shape"
   opt.iterations = 3;
   CHECK(test::run_case<bf16>({4, 40, 128, 4, 16, routing::random, 41}, opt));
 }
+
+TEST_CASE("seeded sweep over ranks, shapes and token types") {
+  // Shapes drawn from the ranges users run (hidden 128-7168, top-k 1-8,
+  // 4-64 experts, 0-4096 tokens), bounded so each case moves a few MiB.
+  const int hiddens[] = {128, 256, 1024, 2048, 4096, 7168};
+  const int tokens[] = {0, 1, 7, 100, 513, 2048, 4096};
+  for (std::uint64_t i = 0; i < 24; ++i) {
+    const std::uint64_t h = test::hash(0x5eed, i);
+    shape s;
+    s.world = 1 + static_cast<int>(h % 4);
+    s.hidden = hiddens[(h >> 8) % 6];
+    s.tokens = tokens[(h >> 16) % 7];
+    while (static_cast<long long>(s.tokens) * s.hidden > (1 << 21)) s.tokens /= 2;
+    s.experts = s.world * (1 << ((h >> 24) % 5));
+    if (s.experts > 64) s.experts = 64 / s.world * s.world;
+    if (s.experts < 4) s.experts = s.world * ((4 + s.world - 1) / s.world);
+    s.topk = 1 + static_cast<int>((h >> 32) % std::min(8, s.experts));
+    s.route = (h >> 40) % 3 == 0 ? routing::uneven : routing::random;
+    s.seed = 100 + i;
+    CAPTURE(test::describe(s, ""));
+    switch (i % 3) {
+      case 0: CHECK(test::run_case<bf16>(s)); break;
+      case 1: CHECK(test::run_case<fp8_e4m3>(s)); break;
+      default: CHECK(test::run_case<float>(s)); break;
+    }
+  }
+}

@@ -1,0 +1,245 @@
+// One MoE layer on N local ranks over shared memory: route, dispatch, apply
+// the local experts, combine, and compare every token with a single-process
+// reference. Exits non-zero with the first mismatching token.
+//
+//   moe_layer --ranks 4 --tokens 512 --hidden 1024 --experts 16 --topk 4 --dtype bf16
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "epcomm/bootstrap/local.hpp"
+#include "epcomm/buffer.hpp"
+#include "epcomm/fp8_scaling.hpp"
+#include "epcomm/shm/transport.hpp"
+
+namespace {
+
+struct options {
+  int ranks = 4;
+  int tokens = 512;
+  int hidden = 1024;
+  int experts = 16;
+  int topk = 4;
+  std::string dtype = "bf16";
+  std::uint64_t seed = 1;
+  bool inject_routing_bug = false;  // proves the check can fail
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "moe_layer: %s\nusage: moe_layer [--ranks N] [--tokens T] [--hidden H] "
+               "[--experts E] [--topk K] [--dtype bf16|fp8|fp32] [--seed S] "
+               "[--inject-routing-bug]\n",
+               why);
+  std::exit(2);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value for " + a).c_str());
+      return argv[++i];
+    };
+    auto number = [&]() -> long long {
+      const std::string v = value();
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0') usage(("not a number: " + v).c_str());
+      return n;
+    };
+    if (a == "--ranks") o.ranks = static_cast<int>(number());
+    else if (a == "--tokens") o.tokens = static_cast<int>(number());
+    else if (a == "--hidden") o.hidden = static_cast<int>(number());
+    else if (a == "--experts") o.experts = static_cast<int>(number());
+    else if (a == "--topk") o.topk = static_cast<int>(number());
+    else if (a == "--dtype") o.dtype = value();
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number());
+    else if (a == "--inject-routing-bug") o.inject_routing_bug = true;
+    else usage(("unknown flag " + a).c_str());
+  }
+  if (o.ranks < 1 || o.tokens < 0 || o.hidden < 1 || o.topk < 1 || o.topk > o.experts)
+    usage("need ranks >= 1, tokens >= 0, hidden >= 1, 1 <= topk <= experts");
+  if (o.dtype != "bf16" && o.dtype != "fp8" && o.dtype != "fp32") usage("dtype must be bf16, fp8 or fp32");
+  return o;
+}
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+float uniform(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t d) {
+  return static_cast<float>(mix(mix(mix(mix(a) ^ b) ^ c) ^ d) >> 40) / (1 << 23) - 1.0f;
+}
+
+// Expert e is a cheap linear map that differs per expert and per channel:
+// y[c] = a_e[c] x[c] + b_e x[(c + s_e) % H]. A token handled by the wrong
+// expert, or a row returned to the wrong token, changes the result.
+struct experts {
+  int hidden;
+  std::uint64_t seed;
+  double apply(int e, const std::vector<float>& x, int c) const {
+    const double a = 0.5 + uniform(seed, 0xa, e, c);
+    const double b = uniform(seed, 0xb, e, 0);
+    const int shift = 1 + e % 7;
+    return a * x[c] + b * x[(c + shift) % hidden];
+  }
+};
+
+// Softmax over random logits, top-k, weights renormalised over the chosen k.
+void route(const options& o, int rank, std::vector<std::int64_t>& idx, std::vector<float>& w) {
+  idx.assign(static_cast<std::size_t>(o.tokens) * o.topk, -1);
+  w.assign(idx.size(), 0.0f);
+  std::vector<float> p(o.experts);
+  std::vector<int> order(o.experts);
+  for (int t = 0; t < o.tokens; ++t) {
+    for (int e = 0; e < o.experts; ++e) p[e] = std::exp(3.0f * uniform(o.seed, rank, t, 1000 + e));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + o.topk, order.end(),
+                      [&](int a, int b) { return p[a] > p[b]; });
+    float sum = 0;
+    for (int k = 0; k < o.topk; ++k) sum += p[order[k]];
+    for (int k = 0; k < o.topk; ++k) {
+      idx[t * o.topk + k] = order[k];
+      w[t * o.topk + k] = p[order[k]] / sum;
+    }
+  }
+}
+
+struct rank_stats {
+  int tokens, sent_rows, recv_rows, mismatches;
+  double dispatch_ms, combine_ms;
+};
+
+template <epcomm::token_type Token>
+int run_rank(epcomm::local_bootstrap& boot, const options& o) {
+  using namespace epcomm;
+  using out_t = combine_type_t<Token>;
+  constexpr bool fp8 = token_traits<Token>::has_scales;
+  const int rank = boot.rank();
+  const int h = o.hidden;
+  const experts ex{h, o.seed};
+
+  // This rank's tokens, as the dispatcher will carry them (fp8: cast + scales).
+  std::vector<float> xf(static_cast<std::size_t>(o.tokens) * h);
+  for (std::size_t i = 0; i < xf.size(); ++i) xf[i] = uniform(o.seed, 0x7, rank, i);
+  std::vector<Token> x(xf.size());
+  std::vector<float> scales;
+  if constexpr (fp8) {
+    scales.resize(static_cast<std::size_t>(o.tokens) * (h / fp8_block));
+    for (int t = 0; t < o.tokens; ++t)
+      quantize_fp8_row(xf.data() + t * h, h, x.data() + t * h, scales.data() + t * (h / fp8_block), false);
+  } else {
+    for (std::size_t i = 0; i < xf.size(); ++i) x[i] = from_float<Token>(xf[i]);
+  }
+  auto row_as_float = [&](const Token* row, const float* row_scales, std::vector<float>& out) {
+    for (int c = 0; c < h; ++c) out[c] = fp8 ? to_float(row[c]) * row_scales[c / fp8_block] : to_float(row[c]);
+  };
+  std::vector<std::int64_t> idx;
+  std::vector<float> w;
+  route(o, rank, idx, w);
+
+  buffer_config cfg;
+  cfg.num_experts = o.experts;
+  cfg.max_hidden = h;
+  cfg.max_topk = o.topk;
+  cfg.max_tokens_per_rank = o.tokens;
+  buffer<shm::transport, Token> buf(boot, cfg);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto res = buf.dispatch({o.tokens, h, o.topk, x, scales, idx, w});
+  const auto t1 = std::chrono::steady_clock::now();
+
+  // The experts of this rank: y = sum over local experts k of w_k * expert(x).
+  const int per_rank = o.experts / o.ranks;
+  const int n = res.num_recv_tokens;
+  std::vector<out_t> y(static_cast<std::size_t>(n) * h);
+  std::vector<float> row(h);
+  for (int i = 0; i < n; ++i) {
+    row_as_float(res.recv_x.data() + i * h, fp8 ? res.recv_x_scales.data() + i * (h / fp8_block) : nullptr, row);
+    for (int c = 0; c < h; ++c) {
+      double acc = 0;
+      for (int k = 0; k < o.topk; ++k) {
+        std::int64_t local = res.recv_topk_idx[i * o.topk + k];
+        if (local < 0) continue;
+        if (o.inject_routing_bug && i == 0) local = (local + 1) % per_rank;
+        acc += res.recv_topk_weights[i * o.topk + k] * ex.apply(static_cast<int>(rank * per_rank + local), row, c);
+      }
+      y[i * h + c] = from_float<out_t>(static_cast<float>(acc));
+    }
+  }
+
+  const auto t2 = std::chrono::steady_clock::now();
+  const auto out = buf.combine({y, std::nullopt, {}, {}}, res.handle);
+  const auto t3 = std::chrono::steady_clock::now();
+
+  // Single-process reference in float64 from the same (possibly fp8) tokens.
+  // Tolerance: one rounding of each rank's partial sum to out_t, one of the total.
+  const double eps = std::is_same_v<out_t, float> ? 1e-5 : std::ldexp(1.0, -7);
+  int mismatches = 0;
+  for (int t = 0; t < o.tokens; ++t) {
+    row_as_float(x.data() + t * h, fp8 ? scales.data() + t * (h / fp8_block) : nullptr, row);
+    for (int c = 0; c < h; ++c) {
+      double ref = 0, mag = 0;
+      for (int k = 0; k < o.topk; ++k) {
+        const double v = w[t * o.topk + k] * ex.apply(static_cast<int>(idx[t * o.topk + k]), row, c);
+        ref += v;
+        mag += std::fabs(v);
+      }
+      const double got = to_float(out.x[t * h + c]);
+      if (std::fabs(got - ref) > eps * mag + 1e-6) {
+        if (mismatches++ == 0)
+          std::fprintf(stderr, "rank %d: token %d channel %d: got %.6g, reference %.6g\n", rank, t, c, got, ref);
+      }
+    }
+  }
+
+  rank_stats mine{o.tokens,
+                  std::accumulate(res.handle.count_matrix.begin() + rank * o.ranks,
+                                  res.handle.count_matrix.begin() + (rank + 1) * o.ranks, 0),
+                  n, mismatches, std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                  std::chrono::duration<double, std::milli>(t3 - t2).count()};
+  const auto bytes = boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(default_timeout));
+  std::vector<rank_stats> all(o.ranks);
+  std::memcpy(all.data(), bytes.data(), bytes.size());
+  if (rank == 0) {
+    std::printf("moe_layer: %d ranks, %d tokens/rank, hidden %d, top-%d of %d experts, %s\n", o.ranks,
+                o.tokens, h, o.topk, o.experts, o.dtype.c_str());
+    std::printf("%6s %8s %10s %10s %12s %12s %11s\n", "rank", "tokens", "rows sent", "rows recv",
+                "dispatch ms", "combine ms", "mismatches");
+    for (int r = 0; r < o.ranks; ++r)
+      std::printf("%6d %8d %10d %10d %12.3f %12.3f %11d\n", r, all[r].tokens, all[r].sent_rows,
+                  all[r].recv_rows, all[r].dispatch_ms, all[r].combine_ms, all[r].mismatches);
+  }
+  return mismatches == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  const auto codes = epcomm::launch_local(o.ranks, [&](epcomm::local_bootstrap& boot) {
+    if (o.dtype == "fp8") return run_rank<epcomm::fp8_e4m3>(boot, o);
+    if (o.dtype == "fp32") return run_rank<float>(boot, o);
+    return run_rank<epcomm::bf16>(boot, o);
+  });
+  int failed = 0;
+  for (std::size_t r = 0; r < codes.size(); ++r)
+    if (codes[r] != 0) ++failed;
+  if (failed != 0) {
+    std::fprintf(stderr, "moe_layer: FAILED on %d of %zu ranks\n", failed, codes.size());
+    return 1;
+  }
+  std::printf("moe_layer: every token matches the reference\n");
+  return 0;
+}
