@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config doctest-dev librange-v3-dev
-          libfabric-dev libucx-dev libopenmpi-dev openmpi-bin)
+          libfabric-dev libucx-dev libopenmpi-dev openmpi-bin
+          clang libclang-rt-14-dev)
 
 sudo_cmd=()
 if [[ $(id -u) -ne 0 ]]; then
