@@ -3,6 +3,7 @@
 // reference. Exits non-zero with the first mismatching token.
 //
 //   moe_layer --ranks 4 --tokens 512 --hidden 1024 --experts 16 --topk 4 --dtype bf16
+//   moe_layer --mode low-latency --tokens 128 --dtype fp8   (bf16 in, fp8 on the wire)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "epcomm/bootstrap/local.hpp"
 #include "epcomm/buffer.hpp"
 #include "epcomm/fp8_scaling.hpp"
+#include "epcomm/low_latency.hpp"
 #include "epcomm/shm/transport.hpp"
 
 namespace {
@@ -28,6 +30,7 @@ struct options {
   int experts = 16;
   int topk = 4;
   std::string dtype = "bf16";
+  std::string mode = "normal";  // or "low-latency"
   std::uint64_t seed = 1;
   bool inject_routing_bug = false;  // proves the check can fail
 };
@@ -36,7 +39,7 @@ struct options {
   std::fprintf(stderr,
                "moe_layer: %s\nusage: moe_layer [--ranks N] [--tokens T] [--hidden H] "
                "[--experts E] [--topk K] [--dtype bf16|fp8|fp32] [--seed S] "
-               "[--inject-routing-bug]\n",
+               "[--mode normal|low-latency] [--inject-routing-bug]\n",
                why);
   std::exit(2);
 }
@@ -63,12 +66,16 @@ options parse(int argc, char** argv) {
     else if (a == "--topk") o.topk = static_cast<int>(number());
     else if (a == "--dtype") o.dtype = value();
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number());
+    else if (a == "--mode") o.mode = value();
     else if (a == "--inject-routing-bug") o.inject_routing_bug = true;
     else usage(("unknown flag " + a).c_str());
   }
   if (o.ranks < 1 || o.tokens < 0 || o.hidden < 1 || o.topk < 1 || o.topk > o.experts)
     usage("need ranks >= 1, tokens >= 0, hidden >= 1, 1 <= topk <= experts");
   if (o.dtype != "bf16" && o.dtype != "fp8" && o.dtype != "fp32") usage("dtype must be bf16, fp8 or fp32");
+  if (o.mode != "normal" && o.mode != "low-latency") usage("mode must be normal or low-latency");
+  if (o.mode == "low-latency" && o.dtype == "fp32")
+    usage("low-latency mode takes bf16 tokens and sends bf16 or fp8: dtype must be bf16 or fp8");
   return o;
 }
 
@@ -120,6 +127,52 @@ struct rank_stats {
   int tokens, sent_rows, recv_rows, mismatches;
   double dispatch_ms, combine_ms;
 };
+
+// Single-process reference in float64 from the tokens as they travelled
+// (row_of(t, row) fills token t's values). Tolerance: one rounding of each
+// rank's (or expert's) partial sum to Out, one of the total.
+template <class Out, class RowOf>
+int count_mismatches(const options& o, int rank, const experts& ex, const std::vector<std::int64_t>& idx,
+                     const std::vector<float>& w, RowOf&& row_of, std::span<const Out> out) {
+  const int h = o.hidden;
+  const double eps = std::is_same_v<Out, float> ? 1e-5 : std::ldexp(1.0, -7);
+  std::vector<float> row(h);
+  int mismatches = 0;
+  for (int t = 0; t < o.tokens; ++t) {
+    row_of(t, row);
+    for (int c = 0; c < h; ++c) {
+      double ref = 0, mag = 0;
+      for (int k = 0; k < o.topk; ++k) {
+        const double v = w[t * o.topk + k] * ex.apply(static_cast<int>(idx[t * o.topk + k]), row, c);
+        ref += v;
+        mag += std::fabs(v);
+      }
+      const double got = epcomm::to_float(out[t * h + c]);
+      if (std::fabs(got - ref) > eps * mag + 1e-6) {
+        if (mismatches++ == 0)
+          std::fprintf(stderr, "rank %d: token %d channel %d: got %.6g, reference %.6g\n", rank, t, c, got, ref);
+      }
+    }
+  }
+  return mismatches;
+}
+
+// Gathers every rank's numbers; rank 0 prints them.
+void report(epcomm::local_bootstrap& boot, const options& o, const rank_stats& mine) {
+  using namespace epcomm;
+  const auto bytes = boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(default_timeout));
+  std::vector<rank_stats> all(o.ranks);
+  std::memcpy(all.data(), bytes.data(), bytes.size());
+  if (boot.rank() == 0) {
+    std::printf("moe_layer: %s mode, %d ranks, %d tokens/rank, hidden %d, top-%d of %d experts, %s\n",
+                o.mode.c_str(), o.ranks, o.tokens, o.hidden, o.topk, o.experts, o.dtype.c_str());
+    std::printf("%6s %8s %10s %10s %12s %12s %11s\n", "rank", "tokens", "rows sent", "rows recv",
+                "dispatch ms", "combine ms", "mismatches");
+    for (int r = 0; r < o.ranks; ++r)
+      std::printf("%6d %8d %10d %10d %12.3f %12.3f %11d\n", r, all[r].tokens, all[r].sent_rows,
+                  all[r].recv_rows, all[r].dispatch_ms, all[r].combine_ms, all[r].mismatches);
+  }
+}
 
 template <epcomm::token_type Token>
 int run_rank(epcomm::local_bootstrap& boot, const options& o) {
@@ -183,44 +236,93 @@ int run_rank(epcomm::local_bootstrap& boot, const options& o) {
   const auto out = buf.combine({y, std::nullopt, {}, {}}, res.handle);
   const auto t3 = std::chrono::steady_clock::now();
 
-  // Single-process reference in float64 from the same (possibly fp8) tokens.
-  // Tolerance: one rounding of each rank's partial sum to out_t, one of the total.
-  const double eps = std::is_same_v<out_t, float> ? 1e-5 : std::ldexp(1.0, -7);
-  int mismatches = 0;
-  for (int t = 0; t < o.tokens; ++t) {
-    row_as_float(x.data() + t * h, fp8 ? scales.data() + t * (h / fp8_block) : nullptr, row);
-    for (int c = 0; c < h; ++c) {
-      double ref = 0, mag = 0;
-      for (int k = 0; k < o.topk; ++k) {
-        const double v = w[t * o.topk + k] * ex.apply(static_cast<int>(idx[t * o.topk + k]), row, c);
-        ref += v;
-        mag += std::fabs(v);
-      }
-      const double got = to_float(out.x[t * h + c]);
-      if (std::fabs(got - ref) > eps * mag + 1e-6) {
-        if (mismatches++ == 0)
-          std::fprintf(stderr, "rank %d: token %d channel %d: got %.6g, reference %.6g\n", rank, t, c, got, ref);
-      }
-    }
-  }
+  const int mismatches = count_mismatches(
+      o, rank, ex, idx, w,
+      [&](int t, std::vector<float>& r) {
+        row_as_float(x.data() + t * h, fp8 ? scales.data() + t * (h / fp8_block) : nullptr, r);
+      },
+      std::span<const out_t>(out.x));
 
   rank_stats mine{o.tokens,
                   std::accumulate(res.handle.count_matrix.begin() + rank * o.ranks,
                                   res.handle.count_matrix.begin() + (rank + 1) * o.ranks, 0),
                   n, mismatches, std::chrono::duration<double, std::milli>(t1 - t0).count(),
                   std::chrono::duration<double, std::milli>(t3 - t2).count()};
-  const auto bytes = boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(default_timeout));
-  std::vector<rank_stats> all(o.ranks);
-  std::memcpy(all.data(), bytes.data(), bytes.size());
-  if (rank == 0) {
-    std::printf("moe_layer: %d ranks, %d tokens/rank, hidden %d, top-%d of %d experts, %s\n", o.ranks,
-                o.tokens, h, o.topk, o.experts, o.dtype.c_str());
-    std::printf("%6s %8s %10s %10s %12s %12s %11s\n", "rank", "tokens", "rows sent", "rows recv",
-                "dispatch ms", "combine ms", "mismatches");
-    for (int r = 0; r < o.ranks; ++r)
-      std::printf("%6d %8d %10d %10d %12.3f %12.3f %11d\n", r, all[r].tokens, all[r].sent_rows,
-                  all[r].recv_rows, all[r].dispatch_ms, all[r].combine_ms, all[r].mismatches);
+  report(boot, o, mine);
+  return mismatches == 0 ? 0 : 1;
+}
+
+// Low-latency mode: bf16 tokens in, Wire (bf16, or fp8 with scales) on the
+// wire. Each (token, top-k slot) is one row of its expert; the expert answers
+// unweighted and the source applies the weights while reducing.
+template <class Wire>
+int run_low_latency_rank(epcomm::local_bootstrap& boot, const options& o) {
+  using namespace epcomm;
+  constexpr bool fp8 = token_traits<Wire>::has_scales;
+  const int rank = boot.rank();
+  const int h = o.hidden;
+  const experts ex{h, o.seed};
+
+  std::vector<bf16> x(static_cast<std::size_t>(o.tokens) * h);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = to_bf16(uniform(o.seed, 0x7, rank, i));
+  std::vector<std::int64_t> idx;
+  std::vector<float> w;
+  route(o, rank, idx, w);
+
+  low_latency_config cfg;
+  cfg.num_experts = o.experts;
+  cfg.hidden = h;
+  cfg.max_topk = o.topk;
+  cfg.max_tokens_per_rank = std::max(o.tokens, 1);
+  low_latency_buffer<shm::transport, Wire> buf(boot, cfg);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto res = buf.low_latency_dispatch({o.tokens, o.topk, x, idx});
+  const auto t1 = std::chrono::steady_clock::now();
+
+  // The experts write straight into the combine send buffer (zero copy).
+  const int per_rank = o.experts / o.ranks;
+  const std::size_t rows_per_expert = static_cast<std::size_t>(o.ranks) * cfg.max_tokens_per_rank;
+  const auto y = buf.combine_send_buffer(res.handle);
+  std::vector<float> row(h);
+  int recv_rows = 0;
+  for (int le = 0; le < per_rank; ++le) {
+    for (int i = 0; i < res.recv_count[le]; ++i) {
+      const std::size_t r = le * rows_per_expert + i;
+      for (int c = 0; c < h; ++c)
+        row[c] = fp8 ? to_float(res.recv_x[r * h + c]) * res.recv_x_scales[r * (h / fp8_block) + c / fp8_block]
+                     : to_float(res.recv_x[r * h + c]);
+      int expert = rank * per_rank + le;
+      if (o.inject_routing_bug && le == 0 && i == 0) expert = (expert + 1) % o.experts;
+      for (int c = 0; c < h; ++c) y[r * h + c] = to_bf16(static_cast<float>(ex.apply(expert, row, c)));
+    }
+    recv_rows += res.recv_count[le];
   }
+
+  const auto t2 = std::chrono::steady_clock::now();
+  const auto out = buf.low_latency_combine({y, idx, w}, res.handle);
+  const auto t3 = std::chrono::steady_clock::now();
+
+  // The tokens as they travelled: bf16, or the fp8 cast of the bf16 row.
+  std::vector<fp8_e4m3> q(h);
+  std::vector<float> q_scales(fp8 ? h / fp8_block : 0);
+  const int mismatches = count_mismatches(
+      o, rank, ex, idx, w,
+      [&](int t, std::vector<float>& r) {
+        const bf16* src = x.data() + static_cast<std::size_t>(t) * h;
+        if constexpr (fp8) {
+          quantize_fp8_row(src, h, q.data(), q_scales.data(), false);
+          dequantize_fp8_row(q.data(), q_scales.data(), h, r.data());
+        } else {
+          for (int c = 0; c < h; ++c) r[c] = to_float(src[c]);
+        }
+      },
+      out);
+
+  const int sent_rows = static_cast<int>(std::count_if(idx.begin(), idx.end(), [](auto e) { return e >= 0; }));
+  report(boot, o,
+         {o.tokens, sent_rows, recv_rows, mismatches, std::chrono::duration<double, std::milli>(t1 - t0).count(),
+          std::chrono::duration<double, std::milli>(t3 - t2).count()});
   return mismatches == 0 ? 0 : 1;
 }
 
@@ -229,6 +331,9 @@ int run_rank(epcomm::local_bootstrap& boot, const options& o) {
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   const auto codes = epcomm::launch_local(o.ranks, [&](epcomm::local_bootstrap& boot) {
+    if (o.mode == "low-latency")
+      return o.dtype == "fp8" ? run_low_latency_rank<epcomm::fp8_e4m3>(boot, o)
+                              : run_low_latency_rank<epcomm::bf16>(boot, o);
     if (o.dtype == "fp8") return run_rank<epcomm::fp8_e4m3>(boot, o);
     if (o.dtype == "fp32") return run_rank<float>(boot, o);
     return run_rank<epcomm::bf16>(boot, o);

@@ -1,0 +1,687 @@
+// epcomm::low_latency_buffer: low-latency (decode / rollout) dispatch and
+// combine over a peer-mapped transport. This is the host engine: the calling
+// thread stores records straight into peers' buffers. Wire layout and signals:
+// low_latency_wire.hpp; overview: docs/low_latency.md.
+//
+// Protocol per call (no count exchange, no notify phase):
+//   dispatch  send:    wait until every receiver released this parity's
+//                      previous dispatch; write each (token, top-k slot) as a
+//                      record into slot i of region (local expert, source) on
+//                      the expert's rank; then, per region, a count word and
+//                      one signal add.
+//             receive: per source, wait for its signals, read the count words
+//                      and pack the records into recv_x; then release the
+//                      region to every source.
+//   combine   send:    write each expert output row into slot (token, top-k
+//                      slot) of its source's combine region; then, per source,
+//                      a count word and one signal add.
+//             receive: wait for every expert rank, check its row count, and
+//                      reduce the top-k rows with the weights in fp32.
+// Both calls can stop after the send phase and return a hook that runs the
+// receive phase later (overlap). Dispatches alternate between two parities; a
+// combine uses its dispatch's parity. A parity takes a new call only after its
+// previous receive phases ran (a local check): so at most two calls are in
+// flight per rank. The combine region needs no release signal: an expert rank
+// combines into parity p again only after receiving a newer dispatch on p,
+// which its sources send only after finishing their combine on p.
+//
+// Invalid input (too many tokens, expert id out of range, sizes that
+// disagree, a stale handle) is found before any record moves. Without a
+// notify phase the peers learn it from the count words: the rejecting rank
+// writes a reject record and marks every count word it owes "rejected"
+// instead of sending records, then completes its own receive phase (peers'
+// signals arrive promptly) and throws. Every peer throws from its receive
+// phase, as soon as it reads the marker, an error naming the rejecting rank
+// and its cause. Every rank thus fails promptly, epochs stay in step and the
+// buffer serves the next call. Transport failures (deadline, dead peer) and
+// protocol violations make the buffer unusable. Misuse that a rank can see
+// alone (a third call in flight, a hook run twice, a second combine of one
+// dispatch) throws on that rank before anything is sent.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epcomm/concepts.hpp"
+#include "epcomm/error.hpp"
+#include "epcomm/fp8_scaling.hpp"
+#include "epcomm/layout.hpp"
+#include "epcomm/low_latency_mode.hpp"
+#include "epcomm/low_latency_wire.hpp"
+#include "epcomm/token_types.hpp"
+
+namespace epcomm {
+
+template <peer_mapped_transport Transport, class Wire = bf16>
+requires std::same_as<Wire, bf16> || std::same_as<Wire, fp8_e4m3>
+class low_latency_buffer {
+  static constexpr const char* dispatch_op = "low-latency dispatch";
+  static constexpr const char* combine_op = "low-latency combine";
+
+ public:
+  using wire_type = Wire;
+  using dispatch_result = ll_dispatch_result<Wire>;
+
+  // Completes a dispatch's receive phase; returned by low_latency_dispatch_send.
+  class dispatch_hook {
+   public:
+    dispatch_result operator()() { return buf_->receive_dispatch(parity_, epoch_); }
+
+   private:
+    friend class low_latency_buffer;
+    dispatch_hook(low_latency_buffer* buf, int parity, std::uint64_t epoch)
+        : buf_(buf), parity_(parity), epoch_(epoch) {}
+    low_latency_buffer* buf_;
+    int parity_;
+    std::uint64_t epoch_;
+  };
+
+  // Completes a combine's receive phase: returns out[T][H], valid until the
+  // next combine on the same parity.
+  class combine_hook {
+   public:
+    std::span<const bf16> operator()() { return buf_->receive_combine(parity_, epoch_); }
+
+   private:
+    friend class low_latency_buffer;
+    combine_hook(low_latency_buffer* buf, int parity, std::uint64_t epoch)
+        : buf_(buf), parity_(parity), epoch_(epoch) {}
+    low_latency_buffer* buf_;
+    int parity_;
+    std::uint64_t epoch_;
+  };
+
+  // Collective: every rank of `boot` constructs its buffer with the same config.
+  template <bootstrap B>
+  low_latency_buffer(B& boot, const low_latency_config& cfg) requires transport_for<Transport, B>
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        timeout_(effective_timeout(cfg.timeout)),
+        round_scale_(cfg.round_scale),
+        shape_(agreed_shape(boot, cfg, timeout_)),
+        plan_(wire::ll::plan_buffer(shape_)),
+        transport_(boot, plan_.total, wire::ll::signal_slots(shape_), deadline::after(timeout_)),
+        next_slot_(shape_.num_experts),
+        rows_to_rank_(world_),
+        scratch_(wire::ll::record_bytes(shape_)),
+        acc_(shape_.hidden) {
+    for (int p = 0; p < world_; ++p)
+      if (!transport_.is_peer_mapped(p))
+        throw error(rank_, "low_latency_buffer", p,
+                    "rank is not peer-mapped from here; this engine needs every rank on one node");
+    stats_.recv_tokens_per_expert.assign(shape_.local_experts(), 0);
+    stats_.dispatch_wait.assign(world_, {});
+    stats_.combine_wait.assign(world_, {});
+  }
+
+  low_latency_buffer(const low_latency_buffer&) = delete;
+  low_latency_buffer& operator=(const low_latency_buffer&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const wire::ll::shape& shape() const { return shape_; }
+  Transport& transport() { return transport_; }
+  const ll_stats& stats() const { return stats_; }
+  void reset_stats() {
+    std::ranges::fill(stats_.recv_tokens_per_expert, 0);
+    std::ranges::fill(stats_.dispatch_wait, std::chrono::nanoseconds{});
+    std::ranges::fill(stats_.combine_wait, std::chrono::nanoseconds{});
+  }
+
+  dispatch_result low_latency_dispatch(const ll_dispatch_input& in) {
+    return low_latency_dispatch_send(in)();
+  }
+
+  // The send phase only; run the returned hook before the next dispatch on
+  // this parity (the one after next).
+  dispatch_hook low_latency_dispatch_send(const ll_dispatch_input& in) {
+    ensure_usable(dispatch_op);
+    const int p = next_parity_;
+    parity_state& st = parity_[p];
+    if (st.dispatch_pending || st.combine_pending)
+      throw error(rank_, dispatch_op, no_peer,
+                  "parity " + std::to_string(p) + " still has a " +
+                      (st.dispatch_pending ? "dispatch" : "combine") +
+                      " whose receive phase has not run (at most two calls in flight)");
+    next_parity_ ^= 1;
+    const std::uint64_t epoch = ++st.dispatch_epoch;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in);
+    guarded([&] {
+      if (epoch > 1)
+        for (int r = 0; r < world_; ++r)
+          transport_.wait(wire::ll::released_signal(shape_, p, r), epoch - 1, dl,
+                          {dispatch_op, r, "release of the previous dispatch region"});
+      if (cause.empty())
+        send_records(p, epoch, in);
+      else
+        send_rejection(p, epoch, cause, wire::ll::reject_kind::dispatch);
+    });
+    st.dispatch_pending = true;
+    st.dispatch_ok = cause.empty();
+    st.num_tokens = cause.empty() ? in.num_tokens : 0;
+    st.topk = cause.empty() ? in.topk : 0;
+    if (!cause.empty()) receive_dispatch(p, epoch);  // throws after draining this epoch
+    return dispatch_hook(this, p, epoch);
+  }
+
+  // Where expert outputs for `h` can be written so that combine reads them in
+  // place: [E_local][R * max_tokens][H], aligned with recv_x. Pass it as y.
+  std::span<bf16> combine_send_buffer(const ll_handle& h) {
+    check_parity(h, combine_op);
+    return {local<bf16>(h.parity, plan_.combine_send), rows_total() * shape_.hidden};
+  }
+
+  std::span<const bf16> low_latency_combine(const ll_combine_input& in, const ll_handle& h) {
+    return low_latency_combine_send(in, h)();
+  }
+
+  // The send phase only; run the returned hook before the next dispatch on
+  // this parity.
+  combine_hook low_latency_combine_send(const ll_combine_input& in, const ll_handle& h) {
+    ensure_usable(combine_op);
+    check_parity(h, combine_op);
+    const int p = h.parity;
+    parity_state& st = parity_[p];
+    if (st.dispatch_pending || st.combine_pending)
+      throw error(rank_, combine_op, no_peer,
+                  std::string("parity ") + std::to_string(p) + " still has a " +
+                      (st.dispatch_pending ? "dispatch" : "combine") +
+                      " whose receive phase has not run");
+    if (st.dispatch_epoch <= st.combined_epoch)
+      throw error(rank_, combine_op, no_peer,
+                  "no dispatch received on parity " + std::to_string(p) +
+                      " since its last combine (one combine per dispatch)");
+    const std::uint64_t epoch = ++st.combine_epoch;
+    // Even a rejected combine uses this parity's combine region, so the
+    // dispatch cannot be combined again either way.
+    st.combined_epoch = st.dispatch_epoch;
+    const std::string cause = validate(in, h);
+    guarded([&] {
+      if (cause.empty()) {
+        // Kept for the receive phase, so the caller's spans need not outlive
+        // this call.
+        float* weights = local<float>(p, plan_.combine_weights);
+        for (int t = 0; t < h.num_tokens; ++t)
+          for (int j = 0; j < h.topk; ++j)
+            weights[wire::ll::combine_row(shape_, t, j)] =
+                in.topk_weights[static_cast<std::size_t>(t) * h.topk + j];
+        return_rows(p, epoch, in.y);
+      } else {
+        send_rejection(p, epoch, cause, wire::ll::reject_kind::combine);
+      }
+    });
+    st.combine_pending = true;
+    st.combine_ok = cause.empty();
+    if (!cause.empty()) receive_combine(p, epoch);  // throws after draining this epoch
+    return combine_hook(this, p, epoch);
+  }
+
+ private:
+  struct parity_state {
+    std::uint64_t dispatch_epoch = 0;  // dispatches issued on this parity
+    std::uint64_t combine_epoch = 0;   // combines issued on this parity
+    std::uint64_t combined_epoch = 0;  // the dispatch epoch the last combine answered
+    bool dispatch_pending = false;     // sent, receive phase not yet run
+    bool combine_pending = false;
+    bool dispatch_ok = false;  // this rank's own input was accepted
+    bool combine_ok = false;
+    int num_tokens = 0;  // of the last accepted dispatch
+    int topk = 0;
+  };
+
+  // The configuration every rank must share, checked collectively so that a
+  // mismatch fails on all ranks instead of hanging the ones that agree.
+  struct config_record {
+    std::int32_t valid;
+    std::int32_t num_experts, hidden, max_topk, max_tokens_per_rank, round_scale;
+    std::int32_t wire_id;
+  };
+
+  template <bootstrap B>
+  static wire::ll::shape agreed_shape(B& boot, const low_latency_config& cfg,
+                                      std::chrono::milliseconds timeout) {
+    const int world = boot.world_size();
+    constexpr bool fp8 = token_traits<Wire>::has_scales;
+    std::string cause;
+    auto need = [&](bool ok, const std::string& what) {
+      if (!ok && cause.empty()) cause = what;
+    };
+    need(cfg.num_experts >= world && cfg.num_experts % world == 0,
+         "num_experts (" + std::to_string(cfg.num_experts) + ") must be a positive multiple of " +
+             "world_size (" + std::to_string(world) + ")");
+    need(cfg.hidden > 0, "hidden must be > 0");
+    need(!fp8 || cfg.hidden % fp8_block == 0,
+         "hidden must be a multiple of 128 on the fp8 wire (one scale per 128 channels)");
+    need(fp8 || !cfg.round_scale, "round_scale applies to the fp8 wire only");
+    need(cfg.max_topk > 0 && cfg.max_topk <= cfg.num_experts,
+         "max_topk must be in [1, num_experts]");
+    need(cfg.max_tokens_per_rank > 0, "max_tokens_per_rank must be > 0");
+    need(static_cast<long long>(world) * cfg.max_tokens_per_rank <=
+             std::numeric_limits<std::int32_t>::max(),
+         "world_size * max_tokens_per_rank overflows int32");
+
+    const config_record mine{
+        cause.empty() ? 1 : 0, cfg.num_experts,         cfg.hidden,
+        cfg.max_topk,          cfg.max_tokens_per_rank, cfg.round_scale ? 1 : 0,
+        token_traits<Wire>::id};
+    const auto bytes =
+        boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(timeout));
+    std::vector<config_record> all(world);
+    std::memcpy(all.data(), bytes.data(), bytes.size());
+    if (!cause.empty())
+      throw error(boot.rank(), "low_latency_buffer", no_peer, "invalid config: " + cause);
+    for (int p = 0; p < world; ++p) {
+      if (!all[p].valid)
+        throw error(boot.rank(), "low_latency_buffer", p, "peer rejected its config");
+      if (std::memcmp(&all[p], &mine, sizeof mine) != 0)
+        throw error(boot.rank(), "low_latency_buffer", p,
+                    "config differs from this rank's (num_experts, hidden, max_topk, "
+                    "max_tokens_per_rank, round_scale and wire type must agree)");
+    }
+    return wire::ll::shape{world,        cfg.num_experts,         cfg.hidden,
+                           cfg.max_topk, cfg.max_tokens_per_rank, static_cast<int>(sizeof(Wire)),
+                           fp8};
+  }
+
+  std::size_t rows_total() const {
+    return static_cast<std::size_t>(shape_.local_experts()) * shape_.rows_per_expert();
+  }
+
+  // A local region of parity p, typed.
+  template <class T>
+  T* local(int p, std::size_t offset) {
+    return reinterpret_cast<T*>(transport_.local_buffer().data() + wire::ll::parity_base(plan_, p) +
+                                offset);
+  }
+
+  // A peer's region of parity p.
+  std::byte* remote(int peer, int p, std::size_t offset) {
+    return transport_.peer_ptr(peer, wire::ll::parity_base(plan_, p) + offset);
+  }
+
+  void check_parity(const ll_handle& h, const char* op) const {
+    if (h.parity != 0 && h.parity != 1)
+      throw error(rank_, op, no_peer,
+                  "handle has parity " + std::to_string(h.parity) + ": not from a dispatch");
+  }
+
+  void ensure_usable(const char* op) const {
+    if (broken_)
+      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+  }
+
+  // A transport failure (deadline, lost peer) or a protocol violation leaves
+  // peers mid-call: the buffer refuses further calls rather than mix epochs.
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      broken_ = e.what();
+      throw;
+    }
+  }
+
+  [[noreturn]] void protocol_error(const char* op, int peer, const std::string& what) const {
+    throw error(rank_, op, peer, "protocol mismatch: " + what);
+  }
+
+  std::string validate(const ll_dispatch_input& in) const {
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    if (in.num_tokens < 0) return "num_tokens is negative";
+    if (in.num_tokens > shape_.max_tokens_per_rank)
+      return std::to_string(in.num_tokens) + " tokens exceed max_tokens_per_rank " +
+             std::to_string(shape_.max_tokens_per_rank);
+    if (in.topk < 1 || in.topk > shape_.max_topk)
+      return "topk " + std::to_string(in.topk) + " is outside [1, " +
+             std::to_string(shape_.max_topk) + "]";
+    const std::size_t t = static_cast<std::size_t>(in.num_tokens);
+    const std::size_t k = static_cast<std::size_t>(in.topk);
+    if (in.x.size() != t * h)
+      return "x holds " + std::to_string(in.x.size()) +
+             " elements, expected T*H = " + std::to_string(t * h);
+    if (in.topk_idx.size() != t * k)
+      return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
+             " ids, expected T*K = " + std::to_string(t * k);
+    if (auto bad = find_invalid_expert(in.topk_idx, in.topk, shape_.num_experts)) return *bad;
+    return {};
+  }
+
+  std::string validate(const ll_combine_input& in, const ll_handle& h) {
+    const parity_state& st = parity_[h.parity];
+    if (!st.dispatch_ok || h.epoch != st.dispatch_epoch)
+      return "handle is stale: it names dispatch " + std::to_string(h.epoch) + " of parity " +
+             std::to_string(h.parity) + ", whose outputs a later dispatch replaced";
+    if (h.num_tokens != st.num_tokens || h.topk != st.topk)
+      return "handle says T=" + std::to_string(h.num_tokens) + ", K=" + std::to_string(h.topk) +
+             " but its dispatch had T=" + std::to_string(st.num_tokens) +
+             ", K=" + std::to_string(st.topk);
+    const std::size_t rows = rows_total() * shape_.hidden;
+    if (in.y.size() != rows)
+      return "y holds " + std::to_string(in.y.size()) +
+             " elements, expected E_local*R*max*H = " + std::to_string(rows);
+    const std::size_t tk = static_cast<std::size_t>(h.num_tokens) * h.topk;
+    if (in.topk_idx.size() != tk || in.topk_weights.size() != tk)
+      return "topk_idx / topk_weights hold " + std::to_string(in.topk_idx.size()) + " / " +
+             std::to_string(in.topk_weights.size()) +
+             " values, expected T*K = " + std::to_string(tk);
+    const std::int64_t* sent = local<std::int64_t>(h.parity, plan_.sent_topk_idx);
+    for (int t = 0; t < h.num_tokens; ++t)
+      for (int j = 0; j < h.topk; ++j)
+        if (in.topk_idx[static_cast<std::size_t>(t) * h.topk + j] !=
+            sent[wire::ll::combine_row(shape_, t, j)])
+          return "topk_idx[" + std::to_string(t) + "][" + std::to_string(j) +
+                 "] differs from the dispatched id";
+    return {};
+  }
+
+  void send_records(int p, std::uint64_t epoch, const ll_dispatch_input& in) {
+    const int k = in.topk;
+    const int per_rank = shape_.local_experts();
+    const std::size_t rb = wire::ll::record_bytes(shape_);
+    const std::size_t payload = wire::ll::payload_bytes(shape_);
+    const std::size_t scales = sizeof(float) * shape_.scales_per_token();
+    std::int64_t* sent = local<std::int64_t>(p, plan_.sent_topk_idx);
+    std::ranges::fill(next_slot_, 0);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      const bf16* row = in.x.data() + static_cast<std::size_t>(t) * shape_.hidden;
+      // The record is staged once per token: fp8 casts the row once, however
+      // many experts it goes to.
+      const std::byte* body = reinterpret_cast<const std::byte*>(row);
+      if constexpr (token_traits<Wire>::has_scales) {
+        quantize_fp8_row(
+            row, shape_.hidden,
+            reinterpret_cast<fp8_e4m3*>(scratch_.data() + sizeof(wire::ll::record_header)),
+            reinterpret_cast<float*>(scratch_.data() + wire::ll::scales_offset(shape_)),
+            round_scale_);
+        body = scratch_.data() + sizeof(wire::ll::record_header);
+      }
+      for (int j = 0; j < k; ++j) {
+        const std::int64_t e = in.topk_idx[static_cast<std::size_t>(t) * k + j];
+        sent[wire::ll::combine_row(shape_, t, j)] = e;
+        if (e < 0) continue;
+        const int dst = static_cast<int>(e / per_rank);
+        const int le = static_cast<int>(e % per_rank);
+        const int slot = next_slot_[e]++;
+        const wire::ll::record_header hdr{{rank_, t, j}, 0};
+        std::byte* at = remote(dst, p, plan_.dispatch_recv) +
+                        wire::ll::record_index(shape_, le, rank_, slot) * rb;
+        std::memcpy(at, &hdr, sizeof hdr);
+        std::memcpy(at + sizeof hdr, body, payload);
+        if (scales != 0)
+          std::memcpy(at + wire::ll::scales_offset(shape_),
+                      scratch_.data() + wire::ll::scales_offset(shape_), scales);
+      }
+    }
+    for (int e = 0; e < shape_.num_experts; ++e)
+      publish_dispatch_count(e / per_rank, e % per_rank, p,
+                             {epoch, next_slot_[e], wire::ll::state::ok});
+  }
+
+  void publish_dispatch_count(int dst, int le, int p, const wire::ll::count_word& w) {
+    std::memcpy(remote(dst, p, plan_.dispatch_counts) +
+                    (static_cast<std::size_t>(le) * world_ + rank_) * sizeof(w),
+                &w, sizeof w);
+    transport_.signal_add(dst, wire::ll::dispatch_signal(shape_, p, le, rank_), 1);
+  }
+
+  void publish_combine_count(int src, int p, const wire::ll::count_word& w) {
+    std::memcpy(remote(src, p, plan_.combine_counts) + static_cast<std::size_t>(rank_) * sizeof(w),
+                &w, sizeof w);
+    transport_.signal_add(src, wire::ll::combine_signal(shape_, p, rank_), 1);
+  }
+
+  // Tells every peer, through the count words this rank owes it, that this
+  // call is rejected and why. No record moves.
+  void send_rejection(int p, std::uint64_t epoch, const std::string& cause,
+                      wire::ll::reject_kind kind) {
+    wire::ll::reject_record rec{};
+    rec.epoch = epoch;
+    std::strncpy(rec.cause, cause.c_str(), sizeof(rec.cause) - 1);
+    const wire::ll::count_word w{epoch, 0, wire::ll::state::rejected};
+    for (int r = 0; r < world_; ++r) {
+      std::memcpy(remote(r, p, plan_.rejects) +
+                      (static_cast<std::size_t>(kind) * world_ + rank_) * sizeof rec,
+                  &rec, sizeof rec);
+      if (kind == wire::ll::reject_kind::dispatch)
+        for (int le = 0; le < shape_.local_experts(); ++le) publish_dispatch_count(r, le, p, w);
+      else
+        publish_combine_count(r, p, w);
+    }
+  }
+
+  std::string reject_cause(int p, int sender, wire::ll::reject_kind kind, std::uint64_t epoch,
+                           const char* op) {
+    const auto* rec = local<const wire::ll::reject_record>(p, plan_.rejects) +
+                      static_cast<std::size_t>(kind) * world_ + sender;
+    if (rec->epoch != epoch)
+      protocol_error(op, sender,
+                     "reject record of epoch " + std::to_string(rec->epoch) + ", expected " +
+                         std::to_string(epoch));
+    return std::string(rec->cause, strnlen(rec->cause, sizeof rec->cause));
+  }
+
+  // The error every rank throws for a call some rank rejected: a rank whose own
+  // input was bad reports its cause, the others name the first rejecting rank.
+  [[noreturn]] void throw_rejection(const char* op, int p, std::uint64_t epoch,
+                                    wire::ll::reject_kind kind, bool self_ok, int rejecting) {
+    const int culprit = self_ok ? rejecting : rank_;
+    std::string cause;
+    guarded([&] { cause = reject_cause(p, culprit, kind, epoch, op); });
+    if (!self_ok) throw error(rank_, op, no_peer, "invalid input: " + cause);
+    throw error(rank_, op, culprit, "that rank rejected the call: " + cause);
+  }
+
+  // Copies the n records of region (local expert le, source s) into rows
+  // [begin, begin + n) of le's packed outputs.
+  void unpack(int p, int le, int s, int n, int begin) {
+    const std::size_t rb = wire::ll::record_bytes(shape_);
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const std::size_t ns = static_cast<std::size_t>(shape_.scales_per_token());
+    const std::size_t first =
+        static_cast<std::size_t>(le) * shape_.rows_per_expert() + static_cast<std::size_t>(begin);
+    const std::byte* rec = local<const std::byte>(p, plan_.dispatch_recv) +
+                           wire::ll::record_index(shape_, le, s, 0) * rb;
+    Wire* x = local<Wire>(p, plan_.recv_x) + first * h;
+    float* scales = local<float>(p, plan_.recv_scales) + first * ns;
+    wire::ll::source* src = local<wire::ll::source>(p, plan_.recv_src) + first;
+    for (int i = 0; i < n; ++i, rec += rb) {
+      wire::ll::record_header hdr;
+      std::memcpy(&hdr, rec, sizeof hdr);
+      // Combine writes into the source's buffer at (token, topk slot): a
+      // header out of range must never get that far.
+      if (hdr.src.rank != s || hdr.src.token < 0 || hdr.src.token >= shape_.max_tokens_per_rank ||
+          hdr.src.topk_slot < 0 || hdr.src.topk_slot >= shape_.max_topk)
+        protocol_error(dispatch_op, s,
+                       "record " + std::to_string(i) + " names rank " +
+                           std::to_string(hdr.src.rank) + ", token " +
+                           std::to_string(hdr.src.token) + ", top-k slot " +
+                           std::to_string(hdr.src.topk_slot));
+      std::memcpy(x + i * h, rec + sizeof hdr, h * sizeof(Wire));
+      if (ns != 0)
+        std::memcpy(scales + i * ns, rec + wire::ll::scales_offset(shape_), ns * sizeof(float));
+      src[i] = hdr.src;
+    }
+  }
+
+  dispatch_result receive_dispatch(int p, std::uint64_t epoch) {
+    ensure_usable(dispatch_op);
+    parity_state& st = parity_[p];
+    if (!st.dispatch_pending || st.dispatch_epoch != epoch)
+      throw error(rank_, dispatch_op, no_peer, "this dispatch's receive hook already ran");
+    const deadline dl = deadline::after(timeout_);
+    const int el = shape_.local_experts();
+    const int max = shape_.max_tokens_per_rank;
+    const auto* counts = local<const wire::ll::count_word>(p, plan_.dispatch_counts);
+    auto* ranges = local<wire::ll::range>(p, plan_.recv_range);
+    auto* recv_count = local<std::int32_t>(p, plan_.recv_count);
+    std::fill_n(recv_count, el, 0);
+    int rejecting = -1;
+    guarded([&] {
+      // Source by source, so that a source's records are packed while later
+      // sources are still arriving, and so that its offsets are known.
+      for (int s = 0; s < world_; ++s) {
+        const auto start = steady::now();
+        for (int le = 0; le < el; ++le)
+          transport_.wait(wire::ll::dispatch_signal(shape_, p, le, s), epoch, dl,
+                          {dispatch_op, s, "dispatch records"});
+        stats_.dispatch_wait[s] += steady::now() - start;
+        for (int le = 0; le < el; ++le) {
+          const wire::ll::count_word w = counts[static_cast<std::size_t>(le) * world_ + s];
+          if (w.epoch != epoch)
+            protocol_error(dispatch_op, s,
+                           "count word of epoch " + std::to_string(w.epoch) + ", expected " +
+                               std::to_string(epoch));
+          if (w.status == wire::ll::state::rejected) {
+            if (rejecting < 0) rejecting = s;
+            continue;
+          }
+          if (w.count < 0 || w.count > max)
+            protocol_error(dispatch_op, s,
+                           std::to_string(w.count) + " records announced, at most " +
+                               std::to_string(max) + " fit");
+          if (rejecting >= 0 || !st.dispatch_ok) continue;  // the call fails: only drain
+          ranges[static_cast<std::size_t>(le) * world_ + s] = {recv_count[le], w.count};
+          unpack(p, le, s, w.count, recv_count[le]);
+          recv_count[le] += w.count;
+        }
+      }
+      // Every record of this parity has been read: sources may write it again.
+      for (int r = 0; r < world_; ++r)
+        transport_.signal_add(r, wire::ll::released_signal(shape_, p, rank_), 1);
+    });
+    st.dispatch_pending = false;
+    if (!st.dispatch_ok || rejecting >= 0) {
+      const bool self_ok = st.dispatch_ok;
+      st.dispatch_ok = false;  // no handle of this epoch may be combined
+      throw_rejection(dispatch_op, p, epoch, wire::ll::reject_kind::dispatch, self_ok, rejecting);
+    }
+    for (int le = 0; le < el; ++le) stats_.recv_tokens_per_expert[le] += recv_count[le];
+    const std::size_t rows = rows_total();
+    dispatch_result res;
+    res.recv_x = {local<const Wire>(p, plan_.recv_x), rows * shape_.hidden};
+    if constexpr (token_traits<Wire>::has_scales)
+      res.recv_x_scales = {local<const float>(p, plan_.recv_scales),
+                           rows * shape_.scales_per_token()};
+    res.recv_count = {recv_count, static_cast<std::size_t>(el)};
+    res.recv_src = {local<const wire::ll::source>(p, plan_.recv_src), rows};
+    res.recv_range = {ranges, static_cast<std::size_t>(el) * world_};
+    res.handle = {p, epoch, st.num_tokens, st.topk};
+    return res;
+  }
+
+  // Sends every received row's expert output back to slot (token, top-k slot)
+  // of its source, then a count word per source.
+  void return_rows(int p, std::uint64_t epoch, std::span<const bf16> y) {
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const auto* src = local<const wire::ll::source>(p, plan_.recv_src);
+    const auto* recv_count = local<const std::int32_t>(p, plan_.recv_count);
+    std::ranges::fill(rows_to_rank_, 0);
+    for (int le = 0; le < shape_.local_experts(); ++le) {
+      const std::size_t first = static_cast<std::size_t>(le) * shape_.rows_per_expert();
+      for (std::size_t row = first; row < first + recv_count[le]; ++row) {
+        const wire::ll::source& s = src[row];
+        std::byte* at = remote(s.rank, p, plan_.combine_recv) +
+                        wire::ll::combine_row(shape_, s.token, s.topk_slot) * h * sizeof(bf16);
+        std::memcpy(at, y.data() + row * h, h * sizeof(bf16));
+        ++rows_to_rank_[s.rank];
+      }
+    }
+    for (int s = 0; s < world_; ++s)
+      publish_combine_count(s, p, {epoch, rows_to_rank_[s], wire::ll::state::ok});
+  }
+
+  std::span<const bf16> receive_combine(int p, std::uint64_t epoch) {
+    ensure_usable(combine_op);
+    parity_state& st = parity_[p];
+    if (!st.combine_pending || st.combine_epoch != epoch)
+      throw error(rank_, combine_op, no_peer, "this combine's receive hook already ran");
+    const deadline dl = deadline::after(timeout_);
+    const int t_count = st.num_tokens;
+    const int k = st.topk;
+    const int per_rank = shape_.local_experts();
+    const auto* sent = local<const std::int64_t>(p, plan_.sent_topk_idx);
+    // Rows each expert rank owes this rank: one per routed (token, top-k slot).
+    std::ranges::fill(rows_to_rank_, 0);
+    for (int t = 0; t < t_count; ++t)
+      for (int j = 0; j < k; ++j)
+        if (const std::int64_t e = sent[wire::ll::combine_row(shape_, t, j)]; e >= 0)
+          ++rows_to_rank_[e / per_rank];
+    const auto* counts = local<const wire::ll::count_word>(p, plan_.combine_counts);
+    int rejecting = -1;
+    guarded([&] {
+      for (int r = 0; r < world_; ++r) {
+        const auto start = steady::now();
+        transport_.wait(wire::ll::combine_signal(shape_, p, r), epoch, dl,
+                        {combine_op, r, "combined rows"});
+        stats_.combine_wait[r] += steady::now() - start;
+        const wire::ll::count_word w = counts[r];
+        if (w.epoch != epoch)
+          protocol_error(combine_op, r,
+                         "count word of epoch " + std::to_string(w.epoch) + ", expected " +
+                             std::to_string(epoch));
+        if (w.status == wire::ll::state::rejected) {
+          if (rejecting < 0) rejecting = r;
+        } else if (st.combine_ok && w.count != rows_to_rank_[r]) {
+          protocol_error(combine_op, r,
+                         std::to_string(w.count) + " rows returned, " +
+                             std::to_string(rows_to_rank_[r]) + " dispatched there");
+        }
+      }
+    });
+    st.combine_pending = false;
+    if (!st.combine_ok || rejecting >= 0)
+      throw_rejection(combine_op, p, epoch, wire::ll::reject_kind::combine, st.combine_ok,
+                      rejecting);
+    reduce(p, t_count, k);
+    return {local<const bf16>(p, plan_.combine_out),
+            static_cast<std::size_t>(t_count) * shape_.hidden};
+  }
+
+  // out[t] = sum over routed slots j of weight[t][j] * row(t, j), in fp32 and
+  // in slot order, rounded to bf16 once.
+  void reduce(int p, int t_count, int k) {
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const auto* sent = local<const std::int64_t>(p, plan_.sent_topk_idx);
+    const auto* weights = local<const float>(p, plan_.combine_weights);
+    const auto* rows = local<const bf16>(p, plan_.combine_recv);
+    bf16* out = local<bf16>(p, plan_.combine_out);
+    for (int t = 0; t < t_count; ++t) {
+      std::ranges::fill(acc_, 0.0f);
+      for (int j = 0; j < k; ++j) {
+        const std::size_t slot = wire::ll::combine_row(shape_, t, j);
+        if (sent[slot] < 0) continue;
+        const float w = weights[slot];
+        const bf16* row = rows + slot * h;
+        for (std::size_t c = 0; c < h; ++c) acc_[c] += w * to_float(row[c]);
+      }
+      bf16* o = out + static_cast<std::size_t>(t) * h;
+      for (std::size_t c = 0; c < h; ++c) o[c] = to_bf16(acc_[c]);
+    }
+  }
+
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  bool round_scale_;
+  wire::ll::shape shape_;
+  wire::ll::plan plan_;
+  Transport transport_;
+  parity_state parity_[wire::ll::parities];
+  int next_parity_ = 0;
+  // Per-call scratch, sized once here so that no call allocates.
+  std::vector<int> next_slot_;      // [E] records written to each expert
+  std::vector<int> rows_to_rank_;   // [R] combine rows per rank
+  std::vector<std::byte> scratch_;  // one staged record
+  std::vector<float> acc_;          // [H] fp32 accumulator
+  ll_stats stats_;
+  std::optional<std::string> broken_;
+};
+
+}  // namespace epcomm
