@@ -1,0 +1,427 @@
+// Correctness of the CUDA path against the host, on every rank:
+//   - the independent reference of the test suite (tests/support/reference.hpp);
+//   - the host engine (buffer<shm::transport>) run on the same inputs in the
+//     same processes: received arrays, the notify slots of the wire format,
+//     combine outputs and error messages must be identical, byte for byte;
+//   - failures: bad input on one rank fails every rank with the host
+//     engine's message and leaves the buffer usable; a rank that never shows
+//     up makes the others fail at the deadline, naming it, instead of hanging.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "device_memory.hpp"
+#include "epcomm/bootstrap/local.hpp"
+#include "epcomm/buffer.hpp"
+#include "epcomm/cuda/device_buffer.hpp"
+#include "epcomm/nvlink_ipc/transport.hpp"
+#include "epcomm/shm/transport.hpp"
+#include "support/reference.hpp"
+
+namespace epcomm::gpu_check {
+
+template <class Token>
+using device_engine = cuda::device_buffer<nvlink_ipc::transport, Token>;
+template <class Token>
+using host_engine = buffer<shm::transport, Token>;
+
+// One GPU per rank where there are enough; otherwise ranks share them.
+inline int use_device(int rank) {
+  int n = 0;
+  cuda::check_cuda(cudaGetDeviceCount(&n), rank, "gpu check", no_peer, "cudaGetDeviceCount");
+  cuda::check_cuda(cudaSetDevice(rank % n), rank, "gpu check", no_peer, "cudaSetDevice");
+  return n;
+}
+
+struct scenario {
+  test::shape shape;
+  int bound = 0;       // worst-case receive bound: the asynchronous path
+  bool bias = false;   // combine with bias_0 and bias_1
+  int misalign_x = 0;  // x starts this many elements past a 16-byte boundary
+};
+
+inline std::string describe(const scenario& sc, const char* dtype) {
+  std::string s = test::describe(sc.shape, dtype);
+  if (sc.bound) s += " bound=" + std::to_string(sc.bound);
+  if (sc.bias) s += " bias";
+  if (sc.misalign_x) s += " misaligned";
+  return s;
+}
+
+template <class T>
+bool same_bytes(std::span<const T> a, std::span<const T> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+template <class T>
+std::vector<T> bias_rows(const test::shape& s, int rank, int which) {
+  std::vector<T> b(static_cast<std::size_t>(s.tokens) * s.hidden);
+  for (std::size_t i = 0; i < b.size(); ++i)
+    b[i] = from_float<T>(test::uniform(test::hash(s.seed, rank, i, 100 + which)));
+  return b;
+}
+
+// Device copies of one rank's dispatch input.
+template <class Token>
+struct device_input {
+  device_array<Token> x;
+  device_array<float> scales;
+  device_array<std::int64_t> topk_idx;
+  device_array<float> topk_weights;
+  int misalign;
+
+  device_input(const test::rank_input<Token>& in, int misalign_x)
+      : x(in.x.size() + misalign_x),
+        scales(std::span<const float>(in.scales)),
+        topk_idx(std::span<const std::int64_t>(in.topk_idx)),
+        topk_weights(std::span<const float>(in.topk_weights)),
+        misalign(misalign_x) {
+    if (!in.x.empty())
+      cuda::check_cuda(cudaMemcpy(x.data() + misalign, in.x.data(), in.x.size() * sizeof(Token),
+                                  cudaMemcpyHostToDevice),
+                       -1, "gpu check", -1, "cudaMemcpy(x)");
+  }
+
+  cuda::device_dispatch_input<Token> view(const test::shape& s) const {
+    return {s.tokens,
+            s.hidden,
+            s.topk,
+            x.data() + misalign,
+            scales.size() ? scales.data() : nullptr,
+            topk_idx.data(),
+            topk_weights.data()};
+  }
+};
+
+// Host copies of a device dispatch result, shaped as the host engine's.
+template <class Token>
+struct downloaded {
+  std::vector<Token> x;
+  std::vector<float> scales;
+  std::vector<std::int64_t> idx;
+  std::vector<float> weights;
+  std::vector<std::int32_t> src;
+  dispatch_result<Token> view;
+};
+
+template <class Token>
+downloaded<Token> download(const cuda::device_dispatch_result<Token>& r, int num_recv, int rows,
+                           const test::shape& s, const std::vector<int>& per_expert) {
+  downloaded<Token> d;
+  const std::size_t n = rows, h = s.hidden, k = s.topk;
+  d.x = device_array<Token>::read(r.recv_x, n * h);
+  if constexpr (token_traits<Token>::has_scales)
+    d.scales = device_array<float>::read(r.recv_x_scales, n * (h / 128));
+  d.idx = device_array<std::int64_t>::read(r.recv_topk_idx, n * k);
+  d.weights = device_array<float>::read(r.recv_topk_weights, n * k);
+  d.src = device_array<std::int32_t>::read(r.recv_src_idx, n);
+  d.view.num_recv_tokens = num_recv;
+  d.view.recv_x = d.x;
+  d.view.recv_x_scales = d.scales;
+  d.view.recv_topk_idx = d.idx;
+  d.view.recv_topk_weights = d.weights;
+  d.view.recv_src_idx = d.src;
+  d.view.num_recv_tokens_per_expert = per_expert;
+  return d;
+}
+
+// Runs one scenario on both engines; returns what differs, or "".
+template <class Token>
+std::string run_scenario(int rank, device_engine<Token>& dev, host_engine<Token>& host,
+                         const scenario& sc, cudaStream_t stream) {
+  using Out = combine_type_t<Token>;
+  const test::shape& s = sc.shape;
+  std::vector<test::rank_input<Token>> all;
+  for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<Token>(s, r));
+  const auto& mine = all[rank];
+
+  const auto hres = host.dispatch(
+      {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights},
+      {sc.bound});
+  const device_input<Token> din(mine, sc.misalign_x);
+  auto dres = dev.dispatch(din.view(s), {sc.bound}, stream);
+  if (sc.bound > 0) {
+    if (dres.num_recv_tokens != -1) return "a bounded dispatch synchronised";
+    dev.synchronize(stream);
+  }
+  const int num_recv = device_array<std::int32_t>::read(dres.num_recv_tokens_device, 1)[0];
+  const auto per_expert =
+      device_array<std::int32_t>::read(dres.num_recv_tokens_per_expert, s.experts / s.world);
+  const int rows = sc.bound > 0 ? sc.bound : num_recv;
+  if (sc.bound == 0 && dres.rows != num_recv) return "result rows differ from the received count";
+  const auto d =
+      download(dres, num_recv, rows, s, std::vector<int>(per_expert.begin(), per_expert.end()));
+
+  if (auto e = test::check_dispatch(s, rank, all, d.view); !e.empty()) return "dispatch: " + e;
+  if (num_recv != hres.num_recv_tokens) return "received count differs from the host engine's";
+  // Token rows past the received count hold whatever earlier calls left
+  // there; the padded metadata is defined and compared in full.
+  const std::size_t n = num_recv;
+  const std::size_t ns = token_traits<Token>::has_scales ? s.hidden / 128 : 0;
+  if (hres.recv_x.size() != d.x.size() || hres.recv_x_scales.size() != d.scales.size() ||
+      !same_bytes<Token>(d.view.recv_x.first(n * s.hidden), hres.recv_x.first(n * s.hidden)) ||
+      !same_bytes<float>(d.view.recv_x_scales.first(n * ns), hres.recv_x_scales.first(n * ns)) ||
+      !same_bytes<std::int64_t>(d.view.recv_topk_idx, hres.recv_topk_idx) ||
+      !same_bytes<float>(d.view.recv_topk_weights, hres.recv_topk_weights) ||
+      !same_bytes<std::int32_t>(d.view.recv_src_idx, hres.recv_src_idx))
+    return "received arrays differ from the host engine's";
+  if (d.view.num_recv_tokens_per_expert != hres.num_recv_tokens_per_expert)
+    return "tokens per expert differ from the host engine's";
+
+  // The wire format itself: the notify slots every peer wrote here.
+  const wire::region_plan& plan = dev.plan();
+  const std::size_t notify_bytes = plan.notify_slot_bytes * s.world;
+  const auto dev_notify = device_array<std::byte>::read(
+      dev.transport().local_device_buffer().data() + plan.notify, notify_bytes);
+  const std::byte* host_notify = host.transport().local_buffer().data() + plan.notify;
+  if (std::memcmp(dev_notify.data(), host_notify, notify_bytes) != 0)
+    return "notify slots differ from the host engine's (wire format)";
+
+  const auto y = test::expert_rows(hres, s.hidden, rank);
+  const std::span<const float> w = hres.recv_topk_weights;
+  std::vector<Out> b0, b1;
+  if (sc.bias) b0 = bias_rows<Out>(s, rank, 0), b1 = bias_rows<Out>(s, rank, 1);
+  const auto hout = host.combine({y, w, b0, b1}, hres.handle);
+
+  const device_array<Out> dy{std::span<const Out>(y)};
+  const device_array<float> dw{w};
+  const device_array<Out> db0{std::span<const Out>(b0)}, db1{std::span<const Out>(b1)};
+  device_array<Out> out(static_cast<std::size_t>(s.tokens) * s.hidden);
+  device_array<float> out_w(static_cast<std::size_t>(s.tokens) * s.topk);
+  const long long y_rows = static_cast<long long>(y.size() / s.hidden);
+  dev.combine({dy.data(), y_rows, dw.data(), sc.bias ? db0.data() : nullptr,
+               sc.bias ? db1.data() : nullptr},
+              dres.handle, out.data(), out_w.data(), stream, sc.bound == 0);
+  if (sc.bound > 0) dev.synchronize(stream);
+  combine_result<Out> dout{out.download(), out_w.download()};
+  if (!same_bytes<Out>(dout.x, hout.x) || !same_bytes<float>(dout.topk_weights, hout.topk_weights))
+    return "combine output differs from the host engine's";
+  if (!sc.bias)
+    if (auto e = test::check_combine(s, mine, dout); !e.empty()) return "combine: " + e;
+  return {};
+}
+
+// The scenarios every rank count and token type runs; the expert count is the
+// buffer's, filled in by the caller.
+template <class Token>
+std::vector<scenario> scenarios(int world, bool quick) {
+  const bool fp8 = token_traits<Token>::has_scales;
+  using test::routing;
+  std::vector<scenario> v;
+  v.push_back({{world, 96, 256, 4, 0, routing::random, 11}});
+  v.push_back({{world, 64, 7168, 8, 0, routing::random, 12}});             // hidden-specialised
+  v.push_back({{world, 80, 512, 4, 0, routing::random, 13}, world * 80});  // async, padded
+  v.push_back({{world, 48, 256, 3, 0, routing::uneven, 14}, 0, true});     // bias
+  if (quick) return v;
+  for (routing r :
+       {routing::one_expert, routing::none, routing::starve_last, routing::duplicate_rank})
+    v.push_back({{world, 40, 128, 3, 0, r, 15}});
+  v.push_back({{world, 0, 128, 2, 0, routing::random, 16}});  // no tokens
+  v.push_back({{world, 512, 4096, 8, 0, routing::random, 17}});
+  // Generic path: rows that are not whole 16-byte vectors and a misaligned x.
+  if (!fp8) v.push_back({{world, 33, 100, 2, 0, routing::random, 18}, 0, false, 1});
+  return v;
+}
+
+// Bad input on one rank: every rank gets the host engine's error, and the
+// buffer serves the next call. Returns what went wrong, or "".
+template <class Token>
+std::string check_bad_input(int rank, device_engine<Token>& dev, host_engine<Token>& host,
+                            cudaStream_t stream) {
+  const int world = dev.world_size();
+  const int experts = dev.capacity().num_experts;
+  const test::shape s{world, 16, 128, 2, experts, test::routing::random, 21};
+  auto mine = test::make_input<Token>(s, rank);
+  const int culprit = world - 1;
+  if (rank == culprit) mine.topk_idx[5] = s.experts;  // token 2, slot 1
+  std::string host_message, device_message;
+  int device_peer = -2;
+  try {
+    host.dispatch(
+        {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights});
+  } catch (const error& e) {
+    host_message = e.what();
+  }
+  const device_input<Token> din(mine, 0);
+  try {
+    dev.dispatch(din.view(s), {}, stream);
+  } catch (const error& e) {
+    device_message = e.what();
+    device_peer = e.peer();
+  }
+  if (host_message.empty()) return "the host engine accepted an invalid expert id";
+  if (device_message != host_message)
+    return "device error '" + device_message + "' differs from the host engine's '" + host_message +
+           "'";
+  if (device_peer != (rank == culprit ? no_peer : culprit))
+    return "the error names peer " + std::to_string(device_peer);
+  const std::string expected = "topk_idx[2][1] = " + std::to_string(s.experts) +
+                               " is outside [-1, " + std::to_string(s.experts) + ")";
+  if (device_message.find(expected) == std::string::npos)
+    return "unexpected message: " + device_message;
+  // Nothing moved and every rank agreed: the next call goes through.
+  const scenario ok{{world, 32, 256, 2, experts, test::routing::random, 22}};
+  if (auto e = run_scenario<Token>(rank, dev, host, ok, stream); !e.empty())
+    return "after the rejected call: " + e;
+  return {};
+}
+
+// The worst-case-bound path captured into a CUDA graph (dispatch, then
+// combine of precomputed expert rows) and replayed: every replay must give the
+// host engine's results, because call counters live on the device.
+template <class Token>
+std::string check_graph_replay(int rank, device_engine<Token>& dev, host_engine<Token>& host,
+                               cudaStream_t stream) {
+  using Out = combine_type_t<Token>;
+  const int world = dev.world_size();
+  const test::shape s{world, 64, 512, 4, dev.capacity().num_experts, test::routing::random, 41};
+  const int bound = world * s.tokens;
+  std::vector<test::rank_input<Token>> all;
+  for (int r = 0; r < world; ++r) all.push_back(test::make_input<Token>(s, r));
+  const auto& mine = all[rank];
+  const auto hres = host.dispatch(
+      {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights}, {bound});
+  const auto y = test::expert_rows(hres, s.hidden, rank);
+  const auto hout = host.combine({y, hres.recv_topk_weights, {}, {}}, hres.handle);
+
+  const device_input<Token> din(mine, 0);
+  const device_array<Out> dy{std::span<const Out>(y)};
+  const device_array<float> dw{hres.recv_topk_weights};
+  device_array<Out> out(static_cast<std::size_t>(s.tokens) * s.hidden);
+  device_array<float> out_w(static_cast<std::size_t>(s.tokens) * s.topk);
+  const auto check = [rank](cudaError_t e, const char* what) {
+    cuda::check_cuda(e, rank, "gpu check", no_peer, what);
+  };
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  const auto res = dev.dispatch(din.view(s), {bound}, stream);
+  dev.combine({dy.data(), bound, dw.data(), nullptr, nullptr}, res.handle, out.data(), out_w.data(),
+              stream, true);  // captured: must not synchronise
+  check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  std::string failure;
+  for (int replay = 0; replay < 3 && failure.empty(); ++replay) {
+    check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    dev.synchronize(stream);
+    const int n = device_array<std::int32_t>::read(res.num_recv_tokens_device, 1)[0];
+    const auto x = device_array<Token>::read(res.recv_x, static_cast<std::size_t>(n) * s.hidden);
+    const auto idx = device_array<std::int64_t>::read(res.recv_topk_idx,
+                                                      static_cast<std::size_t>(bound) * s.topk);
+    if (n != hres.num_recv_tokens || !same_bytes<Token>(x, hres.recv_x.first(x.size())) ||
+        !same_bytes<std::int64_t>(idx, hres.recv_topk_idx))
+      failure = "replay " + std::to_string(replay) + ": dispatch differs from the host engine's";
+    else if (!same_bytes<Out>(out.download(), hout.x) ||
+             !same_bytes<float>(out_w.download(), hout.topk_weights))
+      failure = "replay " + std::to_string(replay) + ": combine differs from the host engine's";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return failure;
+}
+
+// Correctness of one token type on `world` ranks: every scenario, then bad input.
+template <class Token>
+int check_rank(local_bootstrap& boot, bool quick) {
+  const int rank = boot.rank();
+  use_device(rank);
+  cudaStream_t stream = nullptr;
+  cuda::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), rank, "gpu check",
+                   no_peer, "cudaStreamCreate");
+  buffer_config cfg;
+  cfg.num_experts = 16 * boot.world_size();
+  cfg.max_hidden = 7168;
+  cfg.max_topk = 8;
+  cfg.max_tokens_per_rank = 512;
+  cfg.timeout = std::chrono::seconds(60);
+  int failures = 0;
+  {
+    device_engine<Token> dev(boot, cfg);
+    host_engine<Token> host(boot, cfg);
+    const char* dtype = token_traits<Token>::name.data();
+    for (scenario sc : scenarios<Token>(boot.world_size(), quick)) {
+      sc.shape.experts = cfg.num_experts;  // fixed by the buffer
+      const std::string what = describe(sc, dtype);
+      const std::string e = run_scenario<Token>(rank, dev, host, sc, stream);
+      if (!e.empty())
+        std::fprintf(stderr, "rank %d FAIL [%s]: %s\n", rank, what.c_str(), e.c_str());
+      failures += !e.empty();
+    }
+    std::string e = check_bad_input<Token>(rank, dev, host, stream);
+    if (!e.empty())
+      std::fprintf(stderr, "rank %d FAIL [%s bad input]: %s\n", rank, dtype, e.c_str());
+    failures += !e.empty();
+    e = check_graph_replay<Token>(rank, dev, host, stream);
+    if (!e.empty())
+      std::fprintf(stderr, "rank %d FAIL [%s graph replay]: %s\n", rank, dtype, e.c_str());
+    failures += !e.empty();
+  }
+  cudaStreamDestroy(stream);
+  return failures == 0 ? 0 : 1;
+}
+
+// A rank that never calls dispatch: the others must fail at their deadline,
+// naming it, and refuse further calls; nobody hangs.
+inline int check_absent_peer(local_bootstrap& boot) {
+  const int rank = boot.rank();
+  const int absent = boot.world_size() - 1;
+  use_device(rank);
+  buffer_config cfg;
+  cfg.num_experts = 2 * boot.world_size();
+  cfg.max_hidden = 256;
+  cfg.max_topk = 2;
+  cfg.max_tokens_per_rank = 16;
+  cfg.timeout = std::chrono::milliseconds(1500);
+  const auto timeout = effective_timeout(cfg.timeout);
+  int code = 0;
+  {
+    device_engine<bf16> dev(boot, cfg);
+    if (rank != absent) {
+      const test::shape s{boot.world_size(),     16, 256, 2, cfg.num_experts,
+                          test::routing::random, 31};
+      const auto mine = test::make_input<bf16>(s, rank);
+      const device_input<bf16> din(mine, 0);
+      const auto start = steady::now();
+      try {
+        dev.dispatch(din.view(s));
+        std::fprintf(stderr, "rank %d FAIL: dispatch without rank %d succeeded\n", rank, absent);
+        code = 1;
+      } catch (const error& e) {
+        const auto took = steady::now() - start;
+        const std::string m = e.what();
+        if (e.peer() != absent ||
+            m.find("deadline expired waiting for notify counts") == std::string::npos) {
+          std::fprintf(stderr, "rank %d FAIL: unexpected error: %s\n", rank, m.c_str());
+          code = 1;
+        } else if (took > 4 * timeout + std::chrono::seconds(2)) {
+          std::fprintf(stderr, "rank %d FAIL: the deadline error took %lld ms\n", rank,
+                       static_cast<long long>(
+                           std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+          code = 1;
+        }
+      }
+      try {
+        dev.dispatch(din.view(s));
+        std::fprintf(stderr, "rank %d FAIL: a broken buffer accepted a call\n", rank);
+        code = 1;
+      } catch (const error& e) {
+        if (std::string(e.what()).find("unusable after an earlier failure") == std::string::npos) {
+          std::fprintf(stderr, "rank %d FAIL: unexpected error: %s\n", rank, e.what());
+          code = 1;
+        }
+      }
+    }
+    // The absent rank keeps its memory mapped until the others are done.
+    boot.barrier(deadline::after(std::chrono::seconds(120)));
+  }
+  return code;
+}
+
+}  // namespace epcomm::gpu_check
