@@ -25,7 +25,7 @@ foreach(_target IN LISTS _epcomm_components)
   if(IS_DIRECTORY "${_dir}/include")
     install(DIRECTORY "${_dir}/include/"
             DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
-            FILES_MATCHING PATTERN "*.hpp" PATTERN "*.h" PATTERN "*.ipp")
+            FILES_MATCHING PATTERN "*.hpp" PATTERN "*.h" PATTERN "*.ipp" PATTERN "*.cuh")
   endif()
 endforeach()
 
