@@ -9,7 +9,10 @@
 //                   reference and the host engine, plus bad input;
 //   3. failure      a rank that never arrives (rank counts >= 2);
 //   4. timing       dispatch and combine with CUDA events, against the
-//                   roofline and the NCCL baseline.
+//                   roofline and the NCCL baseline;
+//   5. low latency  correctness (ll_correctness.hpp, bf16 and fp8 wire,
+//                   against the reference and the host low-latency engine),
+//                   the absent peer, and the timing of each phase.
 //
 // Prints one table and exits non-zero if anything failed. The parent process
 // never touches CUDA: a process that forks after initialising CUDA leaves its
@@ -26,6 +29,8 @@
 
 #include "correctness.hpp"
 #include "epcomm/bootstrap/local.hpp"
+#include "ll_correctness.hpp"
+#include "ll_timing.hpp"
 #include "timing.hpp"
 
 namespace {
@@ -39,13 +44,16 @@ struct options {
   int timing_tokens = 4096;
   bool quick = false;
   bool run_timing = true;
+  bool normal = true;       // normal-mode sections
+  bool low_latency = true;  // low-latency sections
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "epcomm_gpu_check: %s\n"
                "usage: epcomm_gpu_check [--ranks 1,2,4] [--iterations N>=20] [--warmup N]\n"
-               "                        [--tokens T] [--quick] [--no-timing] [--no-nccl]\n",
+               "                        [--tokens T] [--quick] [--no-timing] [--no-nccl]\n"
+               "                        [--no-ll | --ll-only]\n",
                why);
   std::exit(2);
 }
@@ -83,6 +91,10 @@ options parse(int argc, char** argv) {
       o.run_timing = false;
     } else if (a == "--no-nccl") {
       o.timing.nccl = false;
+    } else if (a == "--no-ll") {
+      o.low_latency = false;
+    } else if (a == "--ll-only") {
+      o.normal = false;
     } else {
       usage(("unknown argument " + std::string(a)).c_str());
     }
@@ -147,6 +159,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::memset(shared, 0, sizeof *shared);
+  auto* ll_shared = static_cast<ll_shared_results*>(mmap(nullptr, sizeof(ll_shared_results),
+                                                         PROT_READ | PROT_WRITE,
+                                                         MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (ll_shared == MAP_FAILED) {
+    std::perror("mmap");
+    return 1;
+  }
+  std::memset(ll_shared, 0, sizeof *ll_shared);
   int failures = 0;
   auto check = [&](bool ok) { failures += ok ? 0 : 1; };
 
@@ -156,6 +176,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (int world : opt.ranks) {
+    if (!opt.normal) break;
     check(run("correctness bf16", world,
               [&](local_bootstrap& b) { return check_rank<bf16>(b, opt.quick); }));
     check(run("correctness fp8_e4m3", world,
@@ -165,8 +186,17 @@ int main(int argc, char** argv) {
     if (world >= 2)
       check(run("absent peer fails everyone at the deadline", world, check_absent_peer));
   }
+  for (int world : opt.ranks) {
+    if (!opt.low_latency) break;
+    check(run("low-latency correctness bf16", world,
+              [&](local_bootstrap& b) { return check_ll_rank<bf16>(b, opt.quick); }));
+    check(run("low-latency correctness fp8_e4m3", world,
+              [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3>(b, opt.quick); }));
+    if (world >= 2)
+      check(run("low-latency absent peer fails everyone", world, check_ll_absent_peer));
+  }
 
-  if (opt.run_timing) {
+  if (opt.run_timing && opt.normal) {
     for (int world : opt.ranks) {
       const timing_case tc{world, opt.timing_tokens, 7168, 8, 64};
       auto add = [&](const char* what, auto fn) {
@@ -189,7 +219,32 @@ int main(int argc, char** argv) {
     }
     print_table(*shared);
   }
+  if (opt.run_timing && opt.low_latency) {
+    for (int world : opt.ranks) {
+      // DeepEP's low-latency test shape; 64 experts divide every rank count.
+      const ll_timing_case tc{world, 128, 7168, 8, 64};
+      auto add = [&](const char* what, auto fn) {
+        if (ll_shared->rows == static_cast<int>(std::size(ll_shared->row))) return;
+        ll_timing_row* row = &ll_shared->row[ll_shared->rows];
+        const bool ok = run(what, world, [&](local_bootstrap& b) { return fn(b, row); });
+        check(ok);
+        if (ok) {
+          check(row->valid != 0);
+          if (!row->valid) std::printf("FAIL %s: timed results were wrong\n", row->label);
+          ++ll_shared->rows;
+        }
+      };
+      add("low-latency timing bf16", [&](local_bootstrap& b, ll_timing_row* row) {
+        return time_ll_rank<bf16>(b, tc, opt.timing, row);
+      });
+      add("low-latency timing fp8_e4m3", [&](local_bootstrap& b, ll_timing_row* row) {
+        return time_ll_rank<fp8_e4m3>(b, tc, opt.timing, row);
+      });
+    }
+    print_ll_table(*ll_shared, shared->copy_bytes_per_s);
+  }
   std::printf("\n%s: %d failure(s)\n", failures == 0 ? "PASS" : "FAIL", failures);
   munmap(shared, sizeof(shared_results));
+  munmap(ll_shared, sizeof(ll_shared_results));
   return failures == 0 ? 0 : 1;
 }

@@ -8,7 +8,9 @@
 # roofline, correctness of every kernel against the host reference and the
 # host engine on 1, 2 and 4 ranks (processes sharing the GPUs), bf16 / fp8 /
 # fp32, the failure paths, and the timing table (CUDA events, median of >= 20
-# timed iterations after warm-up) against the roofline and NCCL. Exits
+# timed iterations after warm-up) against the roofline and NCCL; then the same
+# for the low-latency kernels (bf16 and fp8 wire, against the host
+# low-latency engine) with a table of each phase's time. Exits
 # non-zero on any mismatch or failure. Budget: under 8 minutes on one H200
 # (build about 1-2 minutes with all cores, run about 2-4).
 #

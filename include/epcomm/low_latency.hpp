@@ -49,6 +49,7 @@
 
 #include "epcomm/concepts.hpp"
 #include "epcomm/error.hpp"
+#include "epcomm/fault_injection.hpp"
 #include "epcomm/fp8_scaling.hpp"
 #include "epcomm/layout.hpp"
 #include "epcomm/low_latency_mode.hpp"
@@ -126,6 +127,11 @@ class low_latency_buffer {
   int world_size() const { return world_; }
   const wire::ll::shape& shape() const { return shape_; }
   Transport& transport() { return transport_; }
+
+  // Gives up on the group: waiters in any thread of this rank and peers
+  // waiting for it throw promptly instead of at their deadlines, and this
+  // buffer refuses further calls. Safe from any thread, also after a failure.
+  void abort() { abort_transport(); }
   const ll_stats& stats() const { return stats_; }
   void reset_stats() {
     std::ranges::fill(stats_.recv_tokens_per_expert, 0);
@@ -153,6 +159,7 @@ class low_latency_buffer {
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in);
     guarded([&] {
+      fault::inject(fault::point::low_latency, rank_, dispatch_op, [this] { abort_transport(); });
       if (epoch > 1)
         for (int r = 0; r < world_; ++r)
           transport_.wait(wire::ll::released_signal(shape_, p, r), epoch - 1, dl,
@@ -314,18 +321,26 @@ class low_latency_buffer {
   void ensure_usable(const char* op) const {
     if (broken_)
       throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+    if constexpr (requires { transport_.aborted(); })
+      if (transport_.aborted()) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
   }
 
   // A transport failure (deadline, lost peer) or a protocol violation leaves
-  // peers mid-call: the buffer refuses further calls rather than mix epochs.
+  // peers mid-call: the buffer refuses further calls rather than mix epochs,
+  // and aborts the transport so that peers stop waiting for this rank.
   template <class F>
   void guarded(F&& f) {
     try {
       f();
     } catch (const error& e) {
       broken_ = e.what();
+      abort_transport(e.peer());
       throw;
     }
+  }
+
+  void abort_transport(int culprit = no_peer) {
+    if constexpr (requires { transport_.abort(culprit); }) transport_.abort(culprit);
   }
 
   [[noreturn]] void protocol_error(const char* op, int peer, const std::string& what) const {
@@ -469,13 +484,14 @@ class low_latency_buffer {
 
   // The error every rank throws for a call some rank rejected: a rank whose own
   // input was bad reports its cause, the others name the first rejecting rank.
-  [[noreturn]] void throw_rejection(const char* op, int p, std::uint64_t epoch,
-                                    wire::ll::reject_kind kind, bool self_ok, int rejecting) {
+  // Reads the reject record, so it must run before this rank releases the
+  // region (a peer may then reject its next call and overwrite the record).
+  error rejection(const char* op, int p, std::uint64_t epoch, wire::ll::reject_kind kind,
+                  bool self_ok, int rejecting) {
     const int culprit = self_ok ? rejecting : rank_;
-    std::string cause;
-    guarded([&] { cause = reject_cause(p, culprit, kind, epoch, op); });
-    if (!self_ok) throw error(rank_, op, no_peer, "invalid input: " + cause);
-    throw error(rank_, op, culprit, "that rank rejected the call: " + cause);
+    const std::string cause = reject_cause(p, culprit, kind, epoch, op);
+    if (!self_ok) return error(rank_, op, no_peer, "invalid input: " + cause);
+    return error(rank_, op, culprit, "that rank rejected the call: " + cause);
   }
 
   // Copies the n records of region (local expert le, source s) into rows
@@ -523,6 +539,7 @@ class low_latency_buffer {
     auto* recv_count = local<std::int32_t>(p, plan_.recv_count);
     std::fill_n(recv_count, el, 0);
     int rejecting = -1;
+    std::optional<error> failure;
     guarded([&] {
       // Source by source, so that a source's records are packed while later
       // sources are still arriving, and so that its offsets are known.
@@ -552,15 +569,17 @@ class low_latency_buffer {
           recv_count[le] += w.count;
         }
       }
+      if (!st.dispatch_ok || rejecting >= 0)
+        failure.emplace(rejection(dispatch_op, p, epoch, wire::ll::reject_kind::dispatch,
+                                  st.dispatch_ok, rejecting));
       // Every record of this parity has been read: sources may write it again.
       for (int r = 0; r < world_; ++r)
         transport_.signal_add(r, wire::ll::released_signal(shape_, p, rank_), 1);
     });
     st.dispatch_pending = false;
-    if (!st.dispatch_ok || rejecting >= 0) {
-      const bool self_ok = st.dispatch_ok;
+    if (failure) {
       st.dispatch_ok = false;  // no handle of this epoch may be combined
-      throw_rejection(dispatch_op, p, epoch, wire::ll::reject_kind::dispatch, self_ok, rejecting);
+      throw *failure;
     }
     for (int le = 0; le < el; ++le) stats_.recv_tokens_per_expert[le] += recv_count[le];
     const std::size_t rows = rows_total();
@@ -636,9 +655,14 @@ class low_latency_buffer {
       }
     });
     st.combine_pending = false;
-    if (!st.combine_ok || rejecting >= 0)
-      throw_rejection(combine_op, p, epoch, wire::ll::reject_kind::combine, st.combine_ok,
-                      rejecting);
+    if (!st.combine_ok || rejecting >= 0) {
+      std::optional<error> failure;
+      guarded([&] {
+        failure.emplace(rejection(combine_op, p, epoch, wire::ll::reject_kind::combine,
+                                  st.combine_ok, rejecting));
+      });
+      throw *failure;
+    }
     reduce(p, t_count, k);
     return {local<const bf16>(p, plan_.combine_out),
             static_cast<std::size_t>(t_count) * shape_.hidden};

@@ -299,7 +299,7 @@ class device_buffer {
   void finish(cudaStream_t stream, const char* op) {
     const deadline dl = deadline::after(4 * timeout_ + std::chrono::seconds(1));
     cudaError_t status = cudaSuccess;
-    const bool done = detail::spin_wait(
+    const bool done = ::epcomm::detail::spin_wait(
         [&] {
           status = cudaStreamQuery(stream);
           return status != cudaErrorNotReady;
