@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -67,15 +68,47 @@ struct local_area {
 class local_bootstrap {
  public:
   local_bootstrap(detail::local_area area, int rank, int ranks_per_node, std::string job_tag)
-      : area_(area), rank_(rank), ranks_per_node_(ranks_per_node), job_tag_(std::move(job_tag)) {}
+      : area_(area),
+        members_(area.world),
+        rank_(rank),
+        ranks_per_node_(ranks_per_node),
+        job_tag_(std::move(job_tag)) {
+    for (int r = 0; r < area.world; ++r) members_[r] = r;
+  }
 
   int rank() const { return rank_; }
-  int world_size() const { return area_.world; }
+  int world_size() const { return static_cast<int>(members_.size()); }
   int local_rank() const { return rank_ % ranks_per_node_; }
   int local_world_size() const { return ranks_per_node_; }
   // Unique per launch: transports name their OS resources with it so the
   // launcher can remove whatever a killed rank left behind.
   const std::string& job_tag() const { return job_tag_; }
+
+  // The bootstrap of a new group made of this group's ranks minus `lost`,
+  // renumbered in order: how survivors go on after a failure. Every survivor
+  // calls it with the same list; this object must not be used afterwards.
+  local_bootstrap regroup(std::span<const int> lost) const {
+    local_bootstrap next = *this;
+    next.members_.clear();
+    int node_size = 0;
+    std::vector<int> per_node(world_size() / ranks_per_node_, 0);
+    for (int r = 0; r < world_size(); ++r) {
+      if (std::find(lost.begin(), lost.end(), r) != lost.end()) continue;
+      if (r == rank_) next.rank_ = static_cast<int>(next.members_.size());
+      next.members_.push_back(members_[r]);
+      node_size = ++per_node[r / ranks_per_node_];
+    }
+    if (std::find(lost.begin(), lost.end(), rank_) != lost.end() || next.members_.empty())
+      throw error(rank_, "bootstrap regroup", no_peer, "this rank is in the lost list");
+    // Virtual nodes must stay equal in size for the survivors to form nodes.
+    for (int n : per_node)
+      if (n != node_size && n != 0)
+        throw error(rank_, "bootstrap regroup", no_peer,
+                    "survivors are spread unevenly over nodes; regroup needs equal nodes");
+    next.ranks_per_node_ = node_size;
+    next.job_tag_ = job_tag_ + "-g" + std::to_string(++next.generation_);
+    return next;
+  }
 
   std::vector<std::byte> all_gather(std::span<const std::byte> mine, deadline dl) {
     if (mine.size() > area_.slot_bytes)
@@ -83,14 +116,15 @@ class local_bootstrap {
                   "block of " + std::to_string(mine.size()) + " bytes exceeds the launcher's " +
                       std::to_string(area_.slot_bytes) + " (local_launch_options::max_gather_bytes)");
     const std::uint64_t round = ++round_;
-    auto* me = area_.state(rank_);
-    if (!mine.empty()) std::memcpy(area_.slot(rank_, round), mine.data(), mine.size());
+    const int self = members_[rank_];
+    auto* me = area_.state(self);
+    if (!mine.empty()) std::memcpy(area_.slot(self, round), mine.data(), mine.size());
     std::atomic_ref<std::uint64_t>(me->bytes[round & 1]).store(mine.size(), std::memory_order_relaxed);
     std::atomic_ref<std::uint64_t>(me->round).store(round, std::memory_order_release);
 
-    std::vector<std::byte> out(mine.size() * area_.world);
-    for (int r = 0; r < area_.world; ++r) {
-      auto* st = area_.state(r);
+    std::vector<std::byte> out(mine.size() * members_.size());
+    for (int r = 0; r < world_size(); ++r) {
+      auto* st = area_.state(members_[r]);
       auto published = [&] {
         return std::atomic_ref<std::uint64_t>(st->round).load(std::memory_order_acquire) >= round;
       };
@@ -107,7 +141,7 @@ class local_bootstrap {
         throw error(rank_, "bootstrap all_gather", r,
                     "block sizes disagree: " + std::to_string(bytes) + " bytes from the peer, " +
                         std::to_string(mine.size()) + " here");
-      if (!mine.empty()) std::memcpy(out.data() + r * mine.size(), area_.slot(r, round), bytes);
+      if (!mine.empty()) std::memcpy(out.data() + r * mine.size(), area_.slot(members_[r], round), bytes);
     }
     return out;
   }
@@ -116,10 +150,12 @@ class local_bootstrap {
 
  private:
   detail::local_area area_;
+  std::vector<int> members_;  // launcher rank of each rank of this group
   int rank_;
   int ranks_per_node_;
   std::string job_tag_;
   std::uint64_t round_ = 0;
+  int generation_ = 0;  // how many regroups led to this group
 };
 
 static_assert(bootstrap<local_bootstrap>);

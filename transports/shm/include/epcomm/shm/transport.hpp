@@ -41,7 +41,7 @@ class transport {
         world_(boot.world_size()),
         node_size_(boot.local_world_size()),
         user_slots_(signal_slots),
-        data_offset_(signal_bytes(signal_slots + boot.world_size())),
+        data_offset_(signal_bytes(signal_slots + boot.world_size() + 1)),
         length_(data_offset_ + bytes),
         bytes_(bytes),
         peers_(world_, nullptr),
@@ -92,12 +92,31 @@ class transport {
       if (site.peer >= 0 && site.peer != rank_ && kill(pids_[site.peer], 0) != 0 && errno == ESRCH)
         throw error(rank_, site.op, site.peer,
                     std::string("peer process exited while waiting for ") + site.what);
+      check_aborts(site);
     };
     if (!detail::spin_wait(ready, dl, alive))
       throw error(rank_, site.op, site.peer,
                   std::string("deadline expired waiting for ") + site.what + ": expected " +
                       std::to_string(expected) + ", saw " +
                       std::to_string(c.load(std::memory_order_acquire)));
+  }
+
+  // Gives up on the group: this rank's waiters (any thread) and every peer
+  // of the node waiting in this transport throw within about a millisecond
+  // instead of running into their deadlines. `culprit` is the rank whose
+  // failure caused it (no_peer: the caller's own decision), so that peers'
+  // errors name the root cause, not the messenger. Safe from any thread and
+  // after a failure; the mappings are released by the destructor, once no
+  // thread can still be touching them.
+  void abort(int culprit = no_peer) {
+    std::uint64_t expected = 0;
+    counter(rank_, abort_slot())
+        .compare_exchange_strong(expected, static_cast<std::uint64_t>(culprit + 2),
+                                 std::memory_order_acq_rel);
+  }
+
+  bool aborted() const {
+    return counter(rank_, abort_slot()).load(std::memory_order_acquire) != 0;
   }
 
   // A barrier over this node's ranks, on the transport's own signal slots.
@@ -115,11 +134,34 @@ class transport {
   // bounce a line between them.
   static constexpr std::size_t counter_stride = 64;
 
+  // The counter after the user's slots and the barrier's R: nonzero once its
+  // owner has aborted.
+  std::size_t abort_slot() const { return user_slots_ + world_; }
+
+  void check_aborts(const wait_site& site) const {
+    if (counter(rank_, abort_slot()).load(std::memory_order_acquire) != 0)
+      throw error(rank_, site.op, no_peer, std::string("aborted while waiting for ") + site.what);
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_ || !is_peer_mapped(p)) continue;
+      const auto word = counter(p, abort_slot()).load(std::memory_order_acquire);
+      if (word == 0) continue;
+      const int culprit = static_cast<int>(word) - 2;
+      const bool relayed = culprit >= 0 && culprit != p && culprit != rank_;
+      throw error(rank_, site.op, relayed ? culprit : p,
+                  (relayed ? "rank " + std::to_string(culprit) + " failed (reported by rank " +
+                                 std::to_string(p) + ", which aborted)"
+                           : std::string("peer aborted")) +
+                      " while this rank waited for " + site.what);
+    }
+  }
+
   static std::size_t signal_bytes(std::size_t slots) {
     return (slots * counter_stride + 4095) / 4096 * 4096;
   }
 
-  std::atomic_ref<std::uint64_t> counter(int peer, std::size_t slot) {
+  // Counters live in shared memory that const-ness of this object does not
+  // own, hence a mutable reference from a const member.
+  std::atomic_ref<std::uint64_t> counter(int peer, std::size_t slot) const {
     return std::atomic_ref<std::uint64_t>(
         *reinterpret_cast<std::uint64_t*>(peers_[peer] + slot * counter_stride));
   }
