@@ -1,7 +1,11 @@
 // epcomm::buffer: normal-mode dispatch and combine, templated on the transport
 // and the token type. This is the host engine: the calling thread is the
-// producer and stores rows straight into peers' buffers (peer-mapped
-// transports). Protocol per call (see docs/design.md):
+// producer. Over a peer-mapped transport it stores rows straight into peers'
+// buffers; over an RMA transport it stages them in its own registered buffer
+// (wire::region_plan's send_* regions) and hands put / put_signal
+// descriptors to a proxy thread (proxy::engine), which issues them. Both
+// paths move the same bytes to the same offsets with the same counted
+// signals. Protocol per call (see docs/design.md):
 //
 //   dispatch  notify: every rank posts its shape, input status and counts to
 //             every peer; all ranks then decide identically whether to go on,
@@ -23,14 +27,19 @@
 #include "epcomm/error.hpp"
 #include "epcomm/layout.hpp"
 #include "epcomm/normal_mode.hpp"
+#include "epcomm/proxy/engine.hpp"
 #include "epcomm/token_types.hpp"
 #include "epcomm/topology.hpp"
 #include "epcomm/wire.hpp"
 
 namespace epcomm {
 
-template <peer_mapped_transport Transport, token_type Token>
+template <transport Transport, token_type Token>
+  requires peer_mapped_transport<Transport> || proxy::completion_counting<Transport>
 class buffer {
+  // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
+  static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
+
  public:
   using token = Token;
   using combine_t = combine_type_t<Token>;
@@ -43,13 +52,16 @@ class buffer {
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         cap_(agreed_capacity(boot, cfg, timeout_)),
-        plan_(wire::plan_regions(cap_)),
-        transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)) {
-    for (int p = 0; p < world_; ++p)
-      if (!transport_.is_peer_mapped(p))
-        throw error(rank_, "buffer", p,
-                    "rank is not peer-mapped from here; normal mode over this transport needs "
-                    "every rank on one node");
+        plan_(wire::plan_regions(cap_, via_proxy)),
+        transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)),
+        proxy_(transport_) {
+    if constexpr (!via_proxy) {
+      for (int p = 0; p < world_; ++p)
+        if (!transport_.is_peer_mapped(p))
+          throw error(rank_, "buffer", p,
+                      "rank is not peer-mapped from here; normal mode over this transport needs "
+                      "every rank on one node");
+    }
   }
 
   int rank() const { return rank_; }
@@ -67,7 +79,7 @@ class buffer {
     const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
 
     guarded([&] {
-      post_notify(in, opt, lay, cause, epoch);
+      post_notify(in, opt, lay, cause, epoch, dl);
       for (int s = 0; s < world_; ++s)
         transport_.wait(slot(wire::signal_kind::notify, s), epoch, dl,
                         {"dispatch", s, "notify counts"});
@@ -79,7 +91,7 @@ class buffer {
     dispatch_result<Token> res;
     res.handle = make_handle(in, lay, peers);
     guarded([&] {
-      send_rows(in, lay, res.handle, topo);
+      send_rows(in, lay, res.handle, topo, dl);
       for (int s = 0; s < world_; ++s)
         transport_.wait(slot(wire::signal_kind::data, s), epoch, dl,
                         {"dispatch", s, "token rows"});
@@ -98,7 +110,7 @@ class buffer {
     const std::string cause = validate(in, h, out_x, out_weights);
 
     guarded([&] {
-      post_combine_status(cause, in.topk_weights.has_value(), epoch);
+      post_combine_status(cause, in.topk_weights.has_value(), epoch, dl);
       for (int s = 0; s < world_; ++s)
         transport_.wait(slot(wire::signal_kind::combine_ready, s), epoch, dl,
                         {"combine", s, "combine readiness"});
@@ -106,7 +118,10 @@ class buffer {
     settle_on_failure([&] { check_combine_status(epoch); }, wire::signal_kind::combine_data, epoch,
                       dl, "combine");
     guarded([&] {
-      return_rows(in, h);
+      if constexpr (via_proxy)
+        put_combine_rows(in, h, dl);
+      else
+        return_rows(in, h);
       for (int r = 0; r < world_; ++r)
         transport_.wait(slot(wire::signal_kind::combine_data, r), epoch, dl,
                         {"combine", r, "combined rows"});
@@ -123,6 +138,21 @@ class buffer {
   }
 
  private:
+  // The proxy that issues this rank's RMA operations; nothing for peer-mapped transports.
+  struct no_proxy {
+    explicit no_proxy(Transport&) {}
+  };
+  template <bool rma, class = void>
+  struct proxy_of {
+    using type = no_proxy;
+  };
+  template <class Unused>
+  struct proxy_of<true, Unused> {
+    using type = proxy::engine<Transport>;
+  };
+  using proxy_type = typename proxy_of<via_proxy>::type;
+  static constexpr int producer_channel = 0;  // the calling thread
+
   struct peer_notify {
     wire::notify_header header;
     std::vector<int> tokens_per_rank;          // [R]
@@ -190,6 +220,36 @@ class buffer {
     return wire::signal_slot(kind, source, world_);
   }
 
+  // Adds 1 to `peer`'s counter `s` after this rank's earlier writes to it.
+  void signal_add(int peer, std::size_t s, const deadline& dl) {
+    if constexpr (via_proxy)
+      enqueue(proxy::op_code::signal, peer, 0, 0, 0, s, dl);
+    else
+      transport_.signal_add(peer, s, 1);
+  }
+
+  // RMA path: hands one operation to the proxy (put_signal and signal add 1
+  // to `signal_slot`). Offsets are relative to the symmetric buffer.
+  void enqueue(proxy::op_code op, int peer, std::size_t local, std::size_t remote,
+               std::size_t bytes, std::size_t signal_slot, const deadline& dl) {
+    proxy_.push(producer_channel, op, peer, local, remote, bytes, signal_slot, 1, dl);
+  }
+
+  // RMA path: before staging overwrites the send regions, every put that
+  // read them must be complete.
+  void quiet_staging(const deadline& dl) {
+    if constexpr (via_proxy) proxy_.quiet(producer_channel, dl);
+  }
+
+  // Where this rank writes what `peer` will read at `offset`: the peer's
+  // buffer itself, or the staging slot the proxy puts from.
+  std::byte* outgoing(int peer, std::size_t offset, std::size_t staged) {
+    if constexpr (via_proxy)
+      return transport_.local_buffer().data() + staged;
+    else
+      return transport_.peer_ptr(peer, offset);
+  }
+
   void ensure_usable(const char* op) const {
     if (broken_) throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
   }
@@ -217,7 +277,7 @@ class buffer {
       check();
     } catch (const error&) {
       guarded([&] {
-        for (int p = 0; p < world_; ++p) transport_.signal_add(p, slot(final_round, rank_), 1);
+        for (int p = 0; p < world_; ++p) signal_add(p, slot(final_round, rank_), dl);
         for (int p = 0; p < world_; ++p)
           transport_.wait(slot(final_round, p), epoch, dl, {op, p, "agreement to reject the call"});
       });
@@ -260,7 +320,8 @@ class buffer {
   }
 
   void post_notify(const dispatch_input<Token>& in, const dispatch_options& opt, const layout& lay,
-                   const std::string& cause, std::uint64_t epoch) {
+                   const std::string& cause, std::uint64_t epoch, const deadline& dl) {
+    quiet_staging(dl);
     wire::notify_header hdr{};
     hdr.magic = wire::magic;
     hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
@@ -274,8 +335,11 @@ class buffer {
     std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
     const int per_rank = cap_.num_experts / world_;
     std::vector<std::int32_t> zeros(world_ + per_rank, 0);
+    const std::size_t notify_bytes = sizeof hdr + sizeof(std::int32_t) * (world_ + per_rank);
     for (int p = 0; p < world_; ++p) {
-      std::byte* at = transport_.peer_ptr(p, plan_.notify + rank_ * plan_.notify_slot_bytes);
+      const std::size_t there = plan_.notify + rank_ * plan_.notify_slot_bytes;
+      const std::size_t staged = plan_.send_notify + p * plan_.notify_slot_bytes;
+      std::byte* at = outgoing(p, there, staged);
       std::memcpy(at, &hdr, sizeof hdr);
       auto* counts = reinterpret_cast<std::int32_t*>(at + sizeof hdr);
       if (cause.empty()) {
@@ -284,7 +348,11 @@ class buffer {
       } else {
         std::copy(zeros.begin(), zeros.end(), counts);
       }
-      transport_.signal_add(p, slot(wire::signal_kind::notify, rank_), 1);
+      if constexpr (via_proxy)
+        enqueue(proxy::op_code::put_signal, p, staged, there, notify_bytes,
+                slot(wire::signal_kind::notify, rank_), dl);
+      else
+        transport_.signal_add(p, slot(wire::signal_kind::notify, rank_), 1);
     }
   }
 
@@ -368,7 +436,8 @@ class buffer {
   }
 
   void send_rows(const dispatch_input<Token>& in, const layout& lay, const dispatch_handle& h,
-                 const topology& topo) {
+                 const topology& topo, const deadline& dl) {
+    quiet_staging(dl);
     const std::size_t hidden = in.hidden;
     const std::size_t k = in.topk;
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
@@ -382,11 +451,22 @@ class buffer {
       int base;
     };
     std::vector<target> to(world_);
-    for (int r = 0; r < world_; ++r)
-      to[r] = {peer_array<Token>(r, plan_.recv_x), peer_array<float>(r, plan_.recv_scales),
-               peer_array<std::int64_t>(r, plan_.recv_topk_idx),
-               peer_array<float>(r, plan_.recv_weights), peer_array<std::int32_t>(r, plan_.recv_src_idx),
-               h.recv_offset(rank_, r)};
+    if constexpr (via_proxy) {
+      // Staged by destination: rank r's rows start after those of ranks < r.
+      std::byte* base = transport_.local_buffer().data();
+      for (int r = 0, first = 0; r < world_; first += lay.tokens_per_rank[r++])
+        to[r] = {reinterpret_cast<Token*>(base + plan_.send_x),
+                 reinterpret_cast<float*>(base + plan_.send_scales),
+                 reinterpret_cast<std::int64_t*>(base + plan_.send_topk_idx),
+                 reinterpret_cast<float*>(base + plan_.send_weights),
+                 reinterpret_cast<std::int32_t*>(base + plan_.send_src_idx), first};
+    } else {
+      for (int r = 0; r < world_; ++r)
+        to[r] = {peer_array<Token>(r, plan_.recv_x), peer_array<float>(r, plan_.recv_scales),
+                 peer_array<std::int64_t>(r, plan_.recv_topk_idx),
+                 peer_array<float>(r, plan_.recv_weights),
+                 peer_array<std::int32_t>(r, plan_.recv_src_idx), h.recv_offset(rank_, r)};
+    }
     // Token-major: each source row is read once, while hot, for all its ranks.
     for (int t = 0; t < in.num_tokens; ++t) {
       for (int r = 0; r < world_; ++r) {
@@ -405,7 +485,37 @@ class buffer {
         to[r].src[row] = t;
       }
     }
-    for (int r = 0; r < world_; ++r) transport_.signal_add(r, slot(wire::signal_kind::data, rank_), 1);
+    if constexpr (via_proxy)
+      put_rows(lay, h, hidden, k, nscales, to, dl);
+    else
+      for (int r = 0; r < world_; ++r)
+        transport_.signal_add(r, slot(wire::signal_kind::data, rank_), 1);
+  }
+
+  // RMA path of send_rows: one put per array and destination, the last one
+  // carrying the data signal.
+  template <class Target>
+  void put_rows(const layout& lay, const dispatch_handle& h, std::size_t hidden, std::size_t k,
+                std::size_t nscales, const std::vector<Target>& staged, const deadline& dl) {
+    const std::size_t data = slot(wire::signal_kind::data, rank_);
+    for (int r = 0; r < world_; ++r) {
+      const std::size_t n = lay.tokens_per_rank[r];
+      if (n == 0) {
+        enqueue(proxy::op_code::signal, r, 0, 0, 0, data, dl);
+        continue;
+      }
+      const std::size_t from = staged[r].base;
+      const std::size_t to = h.recv_offset(rank_, r);
+      auto put = [&](proxy::op_code op, std::size_t local, std::size_t remote, std::size_t row) {
+        enqueue(op, r, local + from * row, remote + to * row, n * row, data, dl);
+      };
+      put(proxy::op_code::put, plan_.send_x, plan_.recv_x, hidden * sizeof(Token));
+      if (nscales != 0)
+        put(proxy::op_code::put, plan_.send_scales, plan_.recv_scales, nscales * sizeof(float));
+      put(proxy::op_code::put, plan_.send_topk_idx, plan_.recv_topk_idx, k * sizeof(std::int64_t));
+      put(proxy::op_code::put, plan_.send_weights, plan_.recv_weights, k * sizeof(float));
+      put(proxy::op_code::put_signal, plan_.send_src_idx, plan_.recv_src_idx, sizeof(std::int32_t));
+    }
   }
 
   void fill_result(dispatch_result<Token>& res, const dispatch_input<Token>& in,
@@ -464,16 +574,25 @@ class buffer {
     return {};
   }
 
-  void post_combine_status(const std::string& cause, bool with_weights, std::uint64_t epoch) {
+  void post_combine_status(const std::string& cause, bool with_weights, std::uint64_t epoch,
+                           const deadline& dl) {
+    quiet_staging(dl);
     wire::combine_header hdr{};
     hdr.epoch = epoch;
     hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
     hdr.with_weights = with_weights ? 1 : 0;
     std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+    const std::size_t there = plan_.combine_status + rank_ * plan_.combine_status_slot_bytes;
+    if constexpr (via_proxy)
+      std::memcpy(transport_.local_buffer().data() + plan_.send_combine_status, &hdr, sizeof hdr);
     for (int p = 0; p < world_; ++p) {
-      std::memcpy(transport_.peer_ptr(p, plan_.combine_status + rank_ * plan_.combine_status_slot_bytes),
-                  &hdr, sizeof hdr);
-      transport_.signal_add(p, slot(wire::signal_kind::combine_ready, rank_), 1);
+      if constexpr (via_proxy) {
+        enqueue(proxy::op_code::put_signal, p, plan_.send_combine_status, there, sizeof hdr,
+                slot(wire::signal_kind::combine_ready, rank_), dl);
+      } else {
+        std::memcpy(transport_.peer_ptr(p, there), &hdr, sizeof hdr);
+        transport_.signal_add(p, slot(wire::signal_kind::combine_ready, rank_), 1);
+      }
     }
   }
 
@@ -517,6 +636,43 @@ class buffer {
     }
   }
 
+  // RMA path of return_rows: y's rows, in receive order, are staged once;
+  // each source gets its block back with one put per array, the last one
+  // carrying the combine-data signal.
+  void put_combine_rows(const combine_input<combine_t>& in, const dispatch_handle& h,
+                        const deadline& dl) {
+    quiet_staging(dl);
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const std::size_t rows = h.num_recv_tokens;
+    const bool weights = in.topk_weights.has_value();
+    std::byte* base = transport_.local_buffer().data();
+    if (rows != 0) {
+      std::memcpy(base + plan_.send_combine_x, in.y.data(), rows * hidden * sizeof(combine_t));
+      if (weights)
+        std::memcpy(base + plan_.send_combine_weights, in.topk_weights->data(),
+                    rows * k * sizeof(float));
+    }
+    const std::size_t done = slot(wire::signal_kind::combine_data, rank_);
+    for (int s = 0; s < world_; ++s) {
+      const std::size_t n = h.sent(s, rank_);
+      if (n == 0) {
+        enqueue(proxy::op_code::signal, s, 0, 0, 0, done, dl);
+        continue;
+      }
+      const std::size_t from = h.recv_offset(s, rank_);
+      const std::size_t to = h.return_offset(s, rank_);
+      const std::size_t row_x = hidden * sizeof(combine_t);
+      const std::size_t row_w = k * sizeof(float);
+      enqueue(weights ? proxy::op_code::put : proxy::op_code::put_signal, s,
+              plan_.send_combine_x + from * row_x, plan_.combine_x + to * row_x, n * row_x, done,
+              dl);
+      if (weights)
+        enqueue(proxy::op_code::put_signal, s, plan_.send_combine_weights + from * row_w,
+                plan_.combine_weights + to * row_w, n * row_w, done, dl);
+    }
+  }
+
   void reduce(const combine_input<combine_t>& in, const dispatch_handle& h,
               std::span<combine_t> out_x, std::span<float> out_weights) {
     const std::size_t hidden = h.hidden;
@@ -554,6 +710,7 @@ class buffer {
   wire::capacity cap_;
   wire::region_plan plan_;
   Transport transport_;
+  proxy_type proxy_;  // after transport_: it stops before the transport closes
   std::uint64_t dispatch_epoch_ = 0;
   std::uint64_t combine_epoch_ = 0;
   std::optional<std::string> broken_;

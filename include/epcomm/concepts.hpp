@@ -50,8 +50,15 @@ concept peer_mapped_transport =
     };
 
 // RMA (libfabric, UCX): one-sided writes from the local buffer into a peer's,
-// issued by a proxy. put_signal adds to a peer's counter once its bytes have
-// landed; flush waits until every put to `peer` is complete at the target.
+// issued by a proxy thread (proxy::engine). put, put_signal, signal_add and
+// flush each start one operation and return at once; operations are numbered
+// 1, 2, ... in call order (proxy::engine also needs completed(): the largest
+// n such that operations 1..n are complete, source bytes reusable and signals
+// delivered). put_signal adds to a peer's counter once its bytes and every earlier write
+// to that peer have landed; flush completes once every earlier put to `peer`
+// is complete at the target. progress() drives completions and incoming
+// signals. Those calls come from one thread at a time; wait() and barrier()
+// may run on another thread meanwhile.
 template <class T>
 concept rma_transport =
     transport<T> && requires(T& t, int peer, std::size_t local_off, std::size_t remote_off,

@@ -87,10 +87,24 @@ struct region_plan {
   std::size_t recv_src_idx;  // [max_recv_tokens] int32
   std::size_t combine_x;     // [max_combine_rows][max_hidden] combine elements
   std::size_t combine_weights; // [max_combine_rows][max_topk] float
+  // Staging for RMA transports (zero unless planned with staging): what this
+  // rank lays out in its own registered buffer for the proxy to put. The
+  // send_* rows are dispatch's and the send_combine_* rows combine's; they
+  // share one area, since a call stages only once the previous one's puts
+  // are complete.
+  std::size_t send_notify;          // R slots of notify_slot_bytes, one per destination
+  std::size_t send_combine_status;  // one combine_status slot, the same for every peer
+  std::size_t send_x;               // [max_combine_rows][max_hidden] tokens, by destination
+  std::size_t send_scales;          // [max_combine_rows][max_hidden/128] float
+  std::size_t send_topk_idx;        // [max_combine_rows][max_topk] int64
+  std::size_t send_weights;         // [max_combine_rows][max_topk] float
+  std::size_t send_src_idx;         // [max_combine_rows] int32
+  std::size_t send_combine_x;       // [max_recv_tokens][max_hidden] combine elements
+  std::size_t send_combine_weights; // [max_recv_tokens][max_topk] float
   std::size_t total;
 };
 
-EPCOMM_HD constexpr region_plan plan_regions(const capacity& c) {
+EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = false) {
   region_plan p{};
   const std::size_t n = static_cast<std::size_t>(c.max_recv_tokens);
   const std::size_t rows = static_cast<std::size_t>(c.max_combine_rows);
@@ -115,6 +129,21 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c) {
   p.recv_src_idx = take(n * sizeof(std::int32_t));
   p.combine_x = take(rows * h * c.combine_bytes);
   p.combine_weights = take(rows * k * sizeof(float));
+  if (staging) {
+    p.send_notify = take(p.notify_slot_bytes * c.world_size);
+    p.send_combine_status = take(p.combine_status_slot_bytes);
+    const std::size_t rows_at = at;
+    p.send_x = take(rows * h * c.token_bytes);
+    p.send_scales = take(c.has_scales ? rows * (h / 128) * sizeof(float) : 0);
+    p.send_topk_idx = take(rows * k * sizeof(std::int64_t));
+    p.send_weights = take(rows * k * sizeof(float));
+    p.send_src_idx = take(rows * sizeof(std::int32_t));
+    const std::size_t dispatch_end = at;
+    at = rows_at;
+    p.send_combine_x = take(n * h * c.combine_bytes);
+    p.send_combine_weights = take(n * k * sizeof(float));
+    if (at < dispatch_end) at = dispatch_end;
+  }
   p.total = at;
   return p;
 }

@@ -1,4 +1,4 @@
-// Runs one normal-mode case on `world` forked ranks over the shm transport:
+// Runs one normal-mode case on `world` forked ranks over any transport:
 // every rank dispatches, checks against the reference, combines and checks
 // again, `iterations` times on one buffer with a new seed each time.
 #pragma once
@@ -19,7 +19,17 @@ struct case_options {
   int worst_case_recv_tokens = 0;
 };
 
-template <token_type Token>
+// How a rank names its transport in a failure message: the transport's own
+// name() ("libfabric/tcp;ofi_rxm", "ucx/tcp") where it has one.
+template <class Transport>
+std::string transport_name(const Transport& t) {
+  if constexpr (requires { t.name(); })
+    return std::string(t.name());
+  else
+    return "shm";
+}
+
+template <class Transport, token_type Token>
 int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
   const int rank = boot.rank();
   buffer_config cfg;
@@ -27,14 +37,16 @@ int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
   cfg.max_hidden = s.hidden;
   cfg.max_topk = s.topk;
   cfg.max_tokens_per_rank = s.tokens;
-  buffer<shm::transport, Token> buf(boot, cfg);
+  buffer<Transport, Token> buf(boot, cfg);
   for (int it = 0; it < opt.iterations; ++it, ++s.seed) {
     std::vector<rank_input<Token>> all;
     for (int r = 0; r < s.world; ++r) all.push_back(make_input<Token>(s, r));
     const auto& mine = all[rank];
-    dispatch_input<Token> in{s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights};
+    dispatch_input<Token> in{s.tokens,    s.hidden,      s.topk,           mine.x,
+                             mine.scales, mine.topk_idx, mine.topk_weights};
     const auto res = buf.dispatch(in, {opt.worst_case_recv_tokens});
-    const std::string what = describe(s, token_traits<Token>::name.data());
+    const std::string what =
+        transport_name(buf.transport()) + " " + describe(s, token_traits<Token>::name.data());
     if (opt.worst_case_recv_tokens > 0 &&
         res.recv_x.size() != static_cast<std::size_t>(opt.worst_case_recv_tokens) * s.hidden) {
       std::fprintf(stderr, "rank %d [%s]: result not padded to the bound\n", rank, what.c_str());
@@ -66,10 +78,17 @@ inline bool all_ok(const std::vector<int>& codes, const std::string& what) {
   return ok;
 }
 
+template <class Transport, token_type Token>
+bool run_case(const shape& s, case_options opt = {}) {
+  const auto codes = launch_local(
+      s.world, [&](local_bootstrap& b) { return run_rank<Transport, Token>(b, s, opt); });
+  return all_ok(codes, describe(s, token_traits<Token>::name.data()));
+}
+
+// The shm suite's spelling, kept for tests that only ever run over shm.
 template <token_type Token>
 bool run_case(const shape& s, case_options opt = {}) {
-  const auto codes = launch_local(s.world, [&](local_bootstrap& b) { return run_rank<Token>(b, s, opt); });
-  return all_ok(codes, describe(s, token_traits<Token>::name.data()));
+  return run_case<shm::transport, Token>(s, opt);
 }
 
 }  // namespace epcomm::test

@@ -1,0 +1,236 @@
+// The proxy engine: one host thread that drains descriptor rings (one per
+// producer channel) and drives an RMA transport. It issues each descriptor as
+// one transport operation, keeps the transport progressing (incoming signals
+// on fabrics with manual progress depend on it), and retires descriptors in
+// ticket order once the transport reports their operations complete.
+//
+// From construction on, the engine must be the only caller of the
+// transport's put, put_signal, signal_add and flush: it numbers operations the
+// way the transport does to know which descriptor a completion retires.
+//
+// A transport error stops the proxy: the error is latched here and in the
+// rings' `failed` words, and every later push or quiet rethrows it. Waits on
+// signals learn of it from the transport, which latches its own errors.
+#pragma once
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "epcomm/concepts.hpp"
+#include "epcomm/detail/spin_wait.hpp"
+#include "epcomm/error.hpp"
+#include "epcomm/proxy/failure_latch.hpp"
+#include "epcomm/proxy/ring.hpp"
+
+namespace epcomm::proxy {
+
+struct engine_options {
+  int channels = 1;                    // producers, one ring each
+  std::uint64_t ring_capacity = 1024;  // descriptors per ring, a power of two
+  // When there is nothing to do the proxy spins, then yields, then sleeps in
+  // growing steps up to this long (0: never sleeps, lowest latency).
+  std::chrono::microseconds max_idle_sleep{50};
+  // How long destruction waits for descriptors still in flight.
+  std::chrono::milliseconds drain_timeout{5'000};
+};
+
+// What the engine needs of a transport beyond rma_transport: completed(), the
+// largest n such that its operations 1..n are all complete.
+template <class T>
+concept completion_counting = rma_transport<T> && requires(const T& t) {
+  { t.completed() } -> std::same_as<std::uint64_t>;
+};
+
+template <completion_counting T>
+class engine {
+ public:
+  engine(T& transport, const engine_options& opt = {})
+      : transport_(transport), opt_(opt), issued_(transport.completed()) {
+    if (opt.channels < 1) throw error(transport.rank(), "proxy", no_peer, "channels must be >= 1");
+    if (!valid_capacity(opt.ring_capacity))
+      throw error(
+          transport.rank(), "proxy", no_peer,
+          "ring_capacity must be a power of two >= 2, got " + std::to_string(opt.ring_capacity));
+    for (int c = 0; c < opt.channels; ++c) {
+      const std::size_t bytes = ring_bytes(opt.ring_capacity);
+      auto* memory = static_cast<std::byte*>(::operator new (bytes, std::align_val_t{64}));
+      std::fill_n(memory, bytes, std::byte{0});
+      rings_.emplace_back(memory);
+      views_.push_back(ring_view::over(memory, opt.ring_capacity));
+    }
+    thread_ = std::thread([this] { run(); });
+  }
+
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  // Waits (up to drain_timeout) for what is in flight, then stops the thread.
+  ~engine() {
+    stop_.store(true, std::memory_order_release);
+    thread_.join();
+  }
+
+  int channels() const { return static_cast<int>(views_.size()); }
+  // The ring of `channel`, for producers that write descriptors themselves.
+  ring_view ring(int channel) const { return views_.at(channel); }
+
+  // Host producer of `channel`: enqueues one descriptor, waiting while the
+  // ring is full. Throws the proxy's error if it has stopped.
+  void push(int channel, op_code op, int peer, std::uint64_t local_offset,
+            std::uint64_t remote_offset, std::uint64_t bytes, std::uint64_t signal_slot,
+            std::uint64_t signal_value, const deadline& dl) {
+    failure_.rethrow();
+    const ring_view r = views_.at(channel);
+    auto pushed = [&] {
+      return try_push(r, op, peer, local_offset, remote_offset, bytes, signal_slot, signal_value);
+    };
+    if (!epcomm::detail::spin_wait(pushed, dl, [&] { failure_.rethrow(); }))
+      throw error(transport_.rank(), "proxy push", peer,
+                  "deadline expired: the ring of channel " + std::to_string(channel) +
+                      " stayed full (" + std::to_string(r.header->capacity) +
+                      " descriptors in flight)");
+  }
+
+  // Host producer of `channel`: returns once every descriptor it pushed is
+  // complete, so the bytes they read may be overwritten.
+  void quiet(int channel, const deadline& dl) {
+    const ring_view r = views_.at(channel);
+    if (!epcomm::detail::spin_wait([&] { return drained(r); }, dl, [&] { failure_.rethrow(); })) {
+      failure_.rethrow();
+      throw error(transport_.rank(), "proxy quiet", no_peer,
+                  "deadline expired with " +
+                      std::to_string(r.header->head - load_acquire(&r.header->tail)) +
+                      " operations of channel " + std::to_string(channel) + " incomplete");
+    }
+    failure_.rethrow();
+  }
+
+  bool failed() const { return failure_.failed(); }
+  void rethrow() const { failure_.rethrow(); }
+
+ private:
+  struct channel_state {
+    explicit channel_state(ring_view r) : consumer(r) {}
+    ring_consumer consumer;
+    std::deque<std::uint64_t> tickets;  // transport operation of each read, unretired descriptor
+  };
+
+  struct aligned_delete {
+    void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{64}); }
+  };
+
+  void run() {
+    std::vector<channel_state> channels;
+    for (const auto& v : views_) channels.emplace_back(v);
+    try {
+      drive(channels);
+    } catch (const error& e) {
+      failure_.latch(e);
+    } catch (const std::exception& e) {
+      failure_.latch(error(transport_.rank(), "proxy", no_peer, e.what()));
+    }
+    if (failure_.failed())
+      for (auto& c : channels) c.consumer.mark_failed();
+  }
+
+  void drive(std::vector<channel_state>& channels) {
+    int idle = 0;
+    auto sleep = std::chrono::microseconds(1);
+    std::optional<steady::time_point> drain_until;
+    for (;;) {
+      bool busy = false;
+      for (auto& c : channels) {
+        descriptor d;
+        while (c.consumer.pop(d)) {
+          issue(d);
+          c.tickets.push_back(++issued_);
+          busy = true;
+        }
+      }
+      transport_.progress();
+      const std::uint64_t done = transport_.completed();
+      bool pending = false;
+      for (auto& c : channels) {
+        std::uint64_t n = 0;
+        while (!c.tickets.empty() && c.tickets.front() <= done) {
+          c.tickets.pop_front();
+          ++n;
+        }
+        if (n != 0) {
+          c.consumer.retire(n);
+          busy = true;
+        }
+        pending = pending || !c.tickets.empty();
+      }
+      if (stop_.load(std::memory_order_acquire)) {
+        if (!pending) return;
+        if (!drain_until) drain_until = steady::now() + opt_.drain_timeout;
+        if (steady::now() >= *drain_until)
+          throw error(transport_.rank(), "proxy shutdown", no_peer,
+                      "operations still incomplete after the drain timeout");
+      }
+      if (busy) {
+        idle = 0;
+        sleep = std::chrono::microseconds(1);
+        continue;
+      }
+      ++idle;
+      if (idle < 64) {
+        epcomm::detail::cpu_relax();
+      } else if (idle < 64 + 256 || opt_.max_idle_sleep.count() == 0) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(sleep * 2, opt_.max_idle_sleep);
+      }
+    }
+  }
+
+  void issue(const descriptor& d) {
+    const int world = transport_.world_size();
+    if (d.peer < 0 || d.peer >= world)
+      throw error(transport_.rank(), "proxy", no_peer,
+                  "descriptor names peer " + std::to_string(d.peer) + ", outside [0, " +
+                      std::to_string(world) + ")");
+    switch (static_cast<op_code>(d.op)) {
+      case op_code::put:
+        transport_.put(d.peer, d.local_offset, d.remote_offset, d.bytes);
+        return;
+      case op_code::put_signal:
+        transport_.put_signal(d.peer, d.local_offset, d.remote_offset, d.bytes, d.signal_slot,
+                              d.signal_value);
+        return;
+      case op_code::signal:
+        transport_.signal_add(d.peer, d.signal_slot, d.signal_value);
+        return;
+      case op_code::flush:
+        transport_.flush(d.peer);
+        return;
+    }
+    throw error(transport_.rank(), "proxy", d.peer,
+                "descriptor has unknown op code " + std::to_string(d.op));
+  }
+
+  T& transport_;
+  engine_options opt_;
+  std::vector<std::unique_ptr<std::byte, aligned_delete>> rings_;
+  std::vector<ring_view> views_;
+  std::uint64_t issued_;  // transport operations started (proxy thread only)
+  std::atomic<bool> stop_{false};
+  failure_latch failure_;
+  std::thread thread_;
+};
+
+}  // namespace epcomm::proxy

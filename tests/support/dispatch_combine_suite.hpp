@@ -1,0 +1,101 @@
+// The multi-process normal-mode suite, once for every transport: 1-4 ranks,
+// random and adversarial routing, every token type, checked exactly
+// (dispatch) and within fp32 accumulation error (combine) against an
+// independent reference. A test file instantiates it for its transport with
+// EPCOMM_DISPATCH_COMBINE_SUITE(T); doctest then names T (TYPE_TO_STRING) in
+// every test case, and each case also reports the provider the environment
+// selects, so a failing assertion says which transport failed.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "support/run_case.hpp"
+
+namespace epcomm::test {
+
+// FI_PROVIDER / UCX_TLS as set for this test: the provider behind the type.
+inline std::string provider_environment() {
+  std::string s;
+  for (const char* v : {"FI_PROVIDER", "UCX_TLS"})
+    if (const char* value = std::getenv(v)) s += std::string(" ") + v + "=" + value;
+  return s;
+}
+
+}  // namespace epcomm::test
+
+#define EPCOMM_SUITE_CONTEXT(T) \
+  INFO("transport: ", doctest::toString<T>(), epcomm::test::provider_environment())
+
+TEST_CASE_TEMPLATE_DEFINE("random routing over 1-4 ranks, every token type", T, dc_random) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  for (int world : {1, 2, 3, 4}) {
+    for (std::uint64_t seed : {11u, 12u}) {
+      const test::shape s{world, 96, 256, 4, 4 * world, test::routing::random, seed};
+      CHECK(test::run_case<T, bf16>(s));
+      CHECK(test::run_case<T, fp8_e4m3>(s));
+      CHECK(test::run_case<T, float>(s));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("adversarial routing", T, dc_adversarial) {
+  using namespace epcomm;
+  using test::routing;
+  EPCOMM_SUITE_CONTEXT(T);
+  for (routing r : {routing::uneven, routing::one_expert, routing::none, routing::starve_last,
+                    routing::duplicate_rank}) {
+    for (int world : {2, 3, 4}) {
+      CAPTURE(test::name(r));
+      CHECK(test::run_case<T, bf16>({world, 64, 128, 3, 2 * world, r, 5}));
+    }
+  }
+  CHECK(test::run_case<T, fp8_e4m3>({4, 64, 256, 8, 8, routing::uneven, 6}));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("shape extremes", T, dc_extremes) {
+  using namespace epcomm;
+  using test::routing;
+  EPCOMM_SUITE_CONTEXT(T);
+  CHECK(test::run_case<T, bf16>({3, 0, 128, 2, 6, routing::random, 1}));      // no tokens
+  CHECK(test::run_case<T, bf16>({2, 1, 128, 1, 4, routing::random, 2}));      // one token, top-1
+  CHECK(test::run_case<T, float>({3, 37, 7168, 8, 24, routing::random, 3}));  // widest hidden
+  CHECK(test::run_case<T, bf16>({4, 17, 4096, 8, 64, routing::uneven, 4}));   // 64 experts
+  CHECK(
+      test::run_case<T, fp8_e4m3>({2, 64, 7168, 8, 64, routing::random, 8}));  // DeepEP hidden, fp8
+}
+
+TEST_CASE_TEMPLATE_DEFINE("reference token count: 4096 tokens on 4 ranks", T, dc_reference) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  CHECK(test::run_case<T, bf16>({4, 4096, 512, 8, 64, test::routing::random, 21}));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("consecutive calls on one buffer leave no stale state", T, dc_repeat) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  test::case_options opt;
+  opt.iterations = 12;
+  CHECK(test::run_case<T, bf16>({3, 50, 128, 4, 12, test::routing::uneven, 31}, opt));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("worst-case receive bound pads results to a routing-independent shape", T,
+                          dc_bound) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  test::case_options opt;
+  opt.worst_case_recv_tokens = 4 * 40;
+  opt.iterations = 3;
+  CHECK(test::run_case<T, bf16>({4, 40, 128, 4, 16, test::routing::random, 41}, opt));
+}
+
+#define EPCOMM_DISPATCH_COMBINE_SUITE(T)        \
+  TEST_CASE_TEMPLATE_INVOKE(dc_random, T);      \
+  TEST_CASE_TEMPLATE_INVOKE(dc_adversarial, T); \
+  TEST_CASE_TEMPLATE_INVOKE(dc_extremes, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(dc_reference, T);   \
+  TEST_CASE_TEMPLATE_INVOKE(dc_repeat, T);      \
+  TEST_CASE_TEMPLATE_INVOKE(dc_bound, T)

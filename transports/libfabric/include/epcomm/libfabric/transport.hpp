@@ -1,0 +1,769 @@
+// libfabric transport: one FI_EP_RDM endpoint per rank, one-sided writes into
+// every peer's registered symmetric buffer, counting signals carried as
+// remote CQ data. Written for EFA (SRD: reliable, unordered) and verified here
+// on tcp;ofi_rxm and shm; nothing relies on write ordering:
+//
+//   put         fi_writemsg with FI_DELIVERY_COMPLETE, split at max_write;
+//   signal      an 8-byte fi_writedata whose CQ data is (slot, n); the target's
+//               progress adds n to its counter when the completion arrives. It
+//               is posted only once every earlier write to that peer has
+//               completed (delivery complete: visible at the target), so the
+//               target learns "region complete" by counting, never from a last
+//               byte;
+//   put_signal  when nothing else is in flight to the peer and the bytes fit in
+//               one write, the data write itself carries the CQ data (one
+//               message); otherwise put, then signal as above;
+//   flush       completes once every earlier write to the peer has completed;
+//   self        memcpy and a local counter add.
+//
+// A write the provider refuses with -FI_EAGAIN waits in a per-peer queue and
+// is posted again by progress(): no call blocks on a peer that stops
+// draining. Completion errors are read with fi_cq_readerr and reported, with
+// fi_strerror's and the provider's text, as an epcomm::error naming the peer.
+//
+// The memory registration honours the provider's mr_mode (FI_MR_LOCAL,
+// FI_MR_VIRT_ADDR, FI_MR_ALLOCATED, FI_MR_PROV_KEY, FI_MR_ENDPOINT); keys and
+// addresses are exchanged through the bootstrap, and the address vector is
+// filled in rank order; connections are made at construction. Remote CQ
+// data is packed into 32 bits, the most EFA carries. Calls are serialized by
+// a mutex, so wait() and barrier() may run while a proxy thread issues
+// operations and progresses.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "epcomm/concepts.hpp"
+#include "epcomm/detail/spin_wait.hpp"
+#include "epcomm/error.hpp"
+#include "epcomm/proxy/completion_window.hpp"
+#include "epcomm/proxy/failure_latch.hpp"
+#include "epcomm/proxy/process_identity.hpp"
+
+namespace epcomm::libfabric {
+
+struct options {
+  // Provider as fi_info names it ("efa", "tcp;ofi_rxm", "shm"); empty:
+  // libfabric's first choice, which FI_PROVIDER narrows.
+  std::string provider;
+  // Largest single write; 0 means the provider's ep_attr->max_msg_size.
+  // Larger puts are split into several writes.
+  std::size_t max_write = 0;
+  // Bound on draining at teardown. EPCOMM_TIMEOUT_MS overrides it.
+  std::chrono::milliseconds timeout = default_timeout;
+};
+
+// Remote CQ data: bits 0-19 the signal slot, bits 20-31 the increment.
+inline constexpr int signal_slot_bits = 20;
+inline constexpr std::size_t max_signal_slots = std::size_t{1} << signal_slot_bits;
+inline constexpr std::uint64_t max_signal_increment = (std::uint64_t{1} << 12) - 1;
+
+constexpr std::uint64_t encode_signal(std::size_t slot, std::uint64_t n) {
+  return static_cast<std::uint64_t>(slot) | (n << signal_slot_bits);
+}
+constexpr std::size_t signal_slot_of(std::uint64_t data) { return data & (max_signal_slots - 1); }
+constexpr std::uint64_t signal_increment_of(std::uint64_t data) {
+  return (data >> signal_slot_bits) & max_signal_increment;
+}
+
+class transport {
+ public:
+  // Collective over `boot`: every rank passes the same `bytes` and
+  // `signal_slots` and gets the same provider.
+  template <bootstrap B>
+  transport(B& boot, std::size_t bytes, std::size_t signal_slots, deadline dl,
+            const options& opt = {})
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        bytes_(bytes),
+        user_slots_(signal_slots),
+        timeout_(effective_timeout(opt.timeout)),
+        counters_(signal_slots + 2 * static_cast<std::size_t>(boot.world_size())),
+        peers_(boot.world_size()),
+        processes_(boot.world_size()) {
+    if (counters_.size() > max_signal_slots)
+      throw error(rank_, "libfabric setup", no_peer,
+                  std::to_string(counters_.size()) + " signal slots exceed the " +
+                      std::to_string(max_signal_slots) + " that remote CQ data can name");
+    try {
+      open_endpoint(opt);
+      register_memory();
+      exchange(boot, dl);
+      boot.barrier(dl);  // every peer's endpoint, registration and addresses are ready
+      connect_in_order(dl);
+    } catch (...) {
+      close();
+      throw;
+    }
+  }
+
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+
+  // Waits (bounded) for this rank's writes to complete, then closes. After a
+  // failure it still drains briefly: healthy peers may be waiting for what is
+  // already queued to them, while what was bound for a lost peer never leaves.
+  ~transport() {
+    std::unique_lock lock(mu_);
+    const auto budget =
+        failure_.failed() ? std::chrono::milliseconds(1'000) : std::chrono::milliseconds(5'000);
+    const deadline dl = deadline::after(std::min(timeout_, budget));
+    while (busy() && !dl.expired()) {
+      try {
+        progress_locked();
+      } catch (const error&) {
+        // Latched already; the other peers' writes still drain.
+      }
+    }
+    lock.unlock();
+    close();
+  }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  std::size_t size() const { return bytes_; }
+  // "libfabric/<provider>", for test and error messages.
+  const std::string& name() const { return name_; }
+  std::size_t max_write() const { return max_write_; }
+
+  std::span<std::byte> local_buffer() { return {data(), bytes_}; }
+
+  void put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes) {
+    std::lock_guard lock(mu_);
+    check_op("put", peer, local_off, remote_off, bytes);
+    if (peer == rank_) {
+      std::memmove(data() + remote_off, data() + local_off, bytes);
+      tickets_.open(0);
+      return;
+    }
+    const std::uint64_t ticket = tickets_.open(chunks(bytes));
+    post_writes(peer, local_off, remote_off, bytes, ticket);
+  }
+
+  void put_signal(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
+                  std::size_t slot, std::uint64_t n) {
+    std::lock_guard lock(mu_);
+    check_op("put_signal", peer, local_off, remote_off, bytes);
+    check_slot("put_signal", peer, slot);
+    if (peer == rank_) {
+      std::memmove(data() + remote_off, data() + local_off, bytes);
+      add_local(slot, n);
+      tickets_.open(0);
+      return;
+    }
+    auto& p = peers_[peer];
+    if (bytes > 0 && bytes <= max_write_ && p.writes.idle() && n <= max_signal_increment) {
+      // Nothing earlier is in flight to this peer: the data write itself
+      // carries the signal, and the target counts it when it lands.
+      const std::uint64_t ticket = tickets_.open(1);
+      post_write(peer, local_off, remote_off, bytes, ticket, encode_signal(slot, n));
+      return;
+    }
+    const std::uint64_t ticket = tickets_.open(chunks(bytes) + signal_writes(n));
+    post_writes(peer, local_off, remote_off, bytes, ticket);
+    defer(peer, {deferred::kind::signal, slot, n, ticket, p.writes.opened()});
+  }
+
+  // Adds n to `slot` of `peer` once every write issued to it so far is visible there.
+  void signal_add(int peer, std::size_t slot, std::uint64_t n) {
+    std::lock_guard lock(mu_);
+    check_peer("signal_add", peer);
+    check_slot("signal_add", peer, slot);
+    if (peer == rank_) {
+      add_local(slot, n);
+      tickets_.open(0);
+      return;
+    }
+    const std::uint64_t ticket = tickets_.open(signal_writes(n));
+    defer(peer, {deferred::kind::signal, slot, n, ticket, peers_[peer].writes.opened()});
+  }
+
+  void flush(int peer) {
+    std::lock_guard lock(mu_);
+    check_peer("flush", peer);
+    if (peer == rank_) {
+      tickets_.open(0);
+      return;
+    }
+    const std::uint64_t ticket = tickets_.open(1);
+    defer(peer, {deferred::kind::flush, 0, 0, ticket, peers_[peer].writes.opened()});
+  }
+
+  void progress() {
+    std::lock_guard lock(mu_);
+    failure_.rethrow();
+    progress_locked();
+  }
+
+  std::uint64_t completed() const {
+    std::lock_guard lock(mu_);
+    return tickets_.watermark();
+  }
+
+  void wait(std::size_t slot, std::uint64_t expected, deadline dl, wait_site site) {
+    if (slot >= counters_.size())
+      throw error(rank_, site.op, site.peer,
+                  "wait on signal slot " + std::to_string(slot) + " of " +
+                      std::to_string(counters_.size()));
+    auto ready = [&] {
+      if (counter(slot) >= expected) return true;
+      // Progress here too, so that waiting works with or without a proxy.
+      if (std::unique_lock lock(mu_, std::try_to_lock); lock.owns_lock()) {
+        try {
+          failure_.rethrow();
+          progress_locked();
+        } catch (const error&) {
+          blame_if_gone(site);  // the awaited peer's exit explains more than a knock-on error
+          throw;
+        }
+      }
+      return counter(slot) >= expected;
+    };
+    auto alive = [&] {
+      blame_if_gone(site);
+      failure_.rethrow();
+    };
+    if (!detail::spin_wait(ready, dl, alive))
+      throw error(rank_, site.op, site.peer,
+                  std::string("deadline expired waiting for ") + site.what + ": expected " +
+                      std::to_string(expected) + ", saw " + std::to_string(counter(slot)) + " (" +
+                      name_ + ")");
+  }
+
+  // Every rank signals every other on the transport's own slots, after its
+  // earlier writes to that rank; these signals are not numbered operations.
+  void barrier(deadline dl) {
+    std::uint64_t epoch;
+    {
+      std::lock_guard lock(mu_);
+      failure_.rethrow();
+      epoch = ++barrier_epoch_;
+      for (int p = 0; p < world_; ++p) {
+        if (p == rank_)
+          add_local(user_slots_ + rank_, 1);
+        else
+          defer(p, {deferred::kind::signal, user_slots_ + rank_, 1, no_ticket,
+                    peers_[p].writes.opened()});
+      }
+    }
+    for (int p = 0; p < world_; ++p)
+      wait(user_slots_ + p, epoch, dl, {"barrier", p, "barrier arrival"});
+  }
+
+ private:
+  static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
+  // The registered region starts with a scratch line: signal writes carry
+  // their meaning in CQ data and write these 8 bytes, which nobody reads.
+  static constexpr std::size_t scratch_bytes = 64;
+
+  // A signal or flush held back until every write issued to the peer before
+  // it has completed there.
+  struct deferred {
+    enum class kind { signal, flush } what;
+    std::size_t slot;
+    std::uint64_t n;
+    std::uint64_t ticket;  // no_ticket for the barrier's signals
+    std::uint64_t after_writes;
+  };
+
+  // One fabric write, kept until it completes; the provider may use ctx.
+  struct posted {
+    fi_context2 ctx;
+    int peer;
+    std::uint64_t ticket;
+    std::uint64_t write;  // index in the peer's write window, or no_ticket for a signal
+    void* local;
+    std::uint64_t remote_off;  // from the start of the peer's registered region
+    std::size_t bytes;
+    std::optional<std::uint64_t> cq_data;
+  };
+
+  struct peer_state {
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    std::uint64_t key = 0;
+    std::uint64_t base = 0;           // remote address of the registered region's start
+    proxy::completion_window writes;  // every data write to this peer, in issue order
+    std::deque<deferred> held;
+    std::deque<posted*> backlog;  // refused with -FI_EAGAIN, posted again in order
+  };
+
+  struct announcement {
+    std::uint8_t addr[232];
+    std::uint64_t addrlen;
+    std::uint64_t key;
+    std::uint64_t base;
+    std::uint64_t bytes;
+    proxy::process_identity process;
+  };
+
+  std::byte* data() { return region_ + scratch_bytes; }
+
+  std::uint64_t counter(std::size_t slot) const {
+    return std::atomic_ref<const std::uint64_t>(counters_[slot]).load(std::memory_order_acquire);
+  }
+  void add_local(std::size_t slot, std::uint64_t n) {
+    std::atomic_ref<std::uint64_t>(counters_[slot]).fetch_add(n, std::memory_order_release);
+  }
+
+  // A peer that exited on this host fails the wait at once; elsewhere its
+  // loss shows as a completion error or, at worst, the deadline.
+  void blame_if_gone(const wait_site& site) {
+    if (site.peer >= 0 && site.peer < world_ && site.peer != rank_ &&
+        proxy::exited(processes_[site.peer], self_))
+      fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
+  }
+
+  [[noreturn]] void fail(const char* op, int peer, const std::string& cause) {
+    const error e(rank_, op, peer, cause + " (" + name_ + ")");
+    failure_.latch(e);  // later calls report the first failure; this one reports its own
+    throw e;
+  }
+  [[noreturn]] void fail_fi(const char* op, int peer, const char* call, long rc) {
+    fail(op, peer, std::string(call) + " failed: " + fi_strerror(static_cast<int>(-rc)));
+  }
+
+  void check_peer(const char* op, int peer) {
+    failure_.rethrow();
+    if (peer < 0 || peer >= world_)
+      fail(op, no_peer,
+           "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(world_) + ")");
+  }
+  void check_op(const char* op, int peer, std::size_t local_off, std::size_t remote_off,
+                std::size_t bytes) {
+    check_peer(op, peer);
+    if (bytes > bytes_ || local_off > bytes_ - bytes || remote_off > bytes_ - bytes)
+      fail(op, peer,
+           std::to_string(bytes) + " bytes from offset " + std::to_string(local_off) + " to " +
+               std::to_string(remote_off) + " overrun the " + std::to_string(bytes_) +
+               "-byte buffer");
+  }
+  void check_slot(const char* op, int peer, std::size_t slot) {
+    if (slot >= user_slots_)
+      fail(op, peer,
+           "signal slot " + std::to_string(slot) + " is outside [0, " +
+               std::to_string(user_slots_) + ")");
+  }
+
+  // Writes a put of `bytes` takes (max_write_ may be SIZE_MAX: no overflow).
+  std::uint32_t chunks(std::size_t bytes) const {
+    return bytes == 0 ? 0 : static_cast<std::uint32_t>(1 + (bytes - 1) / max_write_);
+  }
+  static std::uint32_t signal_writes(std::uint64_t n) {
+    return static_cast<std::uint32_t>((n + max_signal_increment - 1) / max_signal_increment);
+  }
+
+  // ---- bring-up -----------------------------------------------------------
+
+  void open_endpoint(const options& opt) {
+    fi_info* hints = fi_allocinfo();
+    if (hints == nullptr) fail("libfabric setup", no_peer, "fi_allocinfo failed");
+    hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+    hints->ep_attr->type = FI_EP_RDM;
+    // Every posted operation carries its own fi_context2, as these modes ask.
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    // What EFA demands; a provider that needs less ignores the rest.
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;  // this class serializes every call
+    hints->domain_attr->av_type = FI_AV_TABLE;
+    hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+    if (!opt.provider.empty()) hints->fabric_attr->prov_name = strdup(opt.provider.c_str());
+    fi_info* list = nullptr;
+    const int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0,
+                              hints, &list);
+    fi_freeinfo(hints);
+    const std::string wanted =
+        opt.provider.empty()
+            ? (std::getenv("FI_PROVIDER") ? std::string("FI_PROVIDER=") + std::getenv("FI_PROVIDER")
+                                          : std::string("any provider"))
+            : "provider " + opt.provider;
+    if (rc != 0)
+      fail("libfabric setup", no_peer,
+           "no " + wanted +
+               " offers FI_EP_RDM with RMA writes and delivery-complete: fi_getinfo: " +
+               fi_strerror(-rc));
+    // Signals need 4 bytes of CQ data and keys must fit 64 bits (no FI_MR_RAW).
+    for (fi_info* i = list; i != nullptr; i = i->next) {
+      if (i->domain_attr->cq_data_size >= 4 && i->domain_attr->mr_key_size <= 8) {
+        info_ = fi_dupinfo(i);
+        break;
+      }
+    }
+    fi_freeinfo(list);
+    if (info_ == nullptr)
+      fail("libfabric setup", no_peer,
+           "no " + wanted + " offers 4 bytes of remote CQ data with 64-bit memory keys");
+    name_ = std::string("libfabric/") + info_->fabric_attr->prov_name;
+    max_write_ = info_->ep_attr->max_msg_size;
+    if (opt.max_write != 0) max_write_ = std::min(max_write_, opt.max_write);
+    if (max_write_ == 0) fail("libfabric setup", no_peer, "provider reports max_msg_size 0");
+
+    long r = fi_fabric(info_->fabric_attr, &fabric_, nullptr);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_fabric", r);
+    r = fi_domain(fabric_, info_, &domain_, nullptr);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_domain", r);
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    r = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_cq_open", r);
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    av_attr.count = static_cast<std::size_t>(world_);
+    r = fi_av_open(domain_, &av_attr, &av_, nullptr);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_av_open", r);
+    r = fi_endpoint(domain_, info_, &ep_, nullptr);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_endpoint", r);
+    r = fi_ep_bind(ep_, &av_->fid, 0);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_ep_bind(av)", r);
+    r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_ep_bind(cq)", r);
+    r = fi_enable(ep_);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_enable", r);
+  }
+
+  void register_memory() {
+    region_length_ = (scratch_bytes + bytes_ + 4095) / 4096 * 4096;
+    // Page-aligned memory the process allocated: what FI_MR_ALLOCATED asks.
+    void* p =
+        mmap(nullptr, region_length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      fail("libfabric setup", no_peer,
+           "mmap of " + std::to_string(region_length_) + " bytes: " + std::strerror(errno));
+    region_ = static_cast<std::byte*>(p);
+    const int mr_mode = info_->domain_attr->mr_mode;
+    // Ignored unless the provider lets the application choose keys.
+    const std::uint64_t requested_key = 0x45504331;
+    long r = fi_mr_reg(domain_, region_, region_length_, FI_WRITE | FI_REMOTE_WRITE, 0,
+                       requested_key, 0, &mr_, nullptr);
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_mr_reg", r);
+    if (mr_mode & FI_MR_ENDPOINT) {
+      r = fi_mr_bind(mr_, &ep_->fid, 0);
+      if (r != 0) fail_fi("libfabric setup", no_peer, "fi_mr_bind", r);
+      r = fi_mr_enable(mr_);
+      if (r != 0) fail_fi("libfabric setup", no_peer, "fi_mr_enable", r);
+    }
+    desc_ = fi_mr_desc(mr_);
+    virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
+  }
+
+  template <bootstrap B>
+  void exchange(B& boot, const deadline& dl) {
+    announcement mine{};
+    std::size_t len = sizeof(mine.addr);
+    const int r = fi_getname(&ep_->fid, mine.addr, &len);
+    if (r != 0) {
+      if (r == -FI_ETOOSMALL)
+        fail("libfabric setup", no_peer,
+             "endpoint address of " + std::to_string(len) + " bytes exceeds " +
+                 std::to_string(sizeof(mine.addr)));
+      fail_fi("libfabric setup", no_peer, "fi_getname", r);
+    }
+    mine.addrlen = len;
+    mine.key = fi_mr_key(mr_);
+    if (mine.key == FI_KEY_NOTAVAIL)
+      fail("libfabric setup", no_peer, "the provider did not give the memory region a key");
+    mine.base = virt_addr_ ? reinterpret_cast<std::uint64_t>(region_) : 0;
+    mine.bytes = bytes_;
+    mine.process = self_;
+    const auto gathered = boot.all_gather(std::as_bytes(std::span(&mine, 1)), dl);
+    std::vector<announcement> all(world_);
+    std::memcpy(all.data(), gathered.data(), gathered.size());
+    for (int p = 0; p < world_; ++p) {
+      if (all[p].bytes != bytes_)
+        fail("libfabric setup", p,
+             "buffer sizes disagree: " + std::to_string(all[p].bytes) + " bytes there, " +
+                 std::to_string(bytes_) + " here");
+      const int n = fi_av_insert(av_, all[p].addr, 1, &peers_[p].addr, 0, nullptr);
+      if (n != 1) fail("libfabric setup", p, "fi_av_insert rejected the peer's address");
+      processes_[p] = all[p].process;
+      peers_[p].key = all[p].key;
+      peers_[p].base = all[p].base;
+    }
+  }
+
+  void close() {
+    if (ep_ != nullptr) fi_close(&ep_->fid);
+    if (mr_ != nullptr) fi_close(&mr_->fid);
+    if (av_ != nullptr) fi_close(&av_->fid);
+    if (cq_ != nullptr) fi_close(&cq_->fid);
+    if (domain_ != nullptr) fi_close(&domain_->fid);
+    if (fabric_ != nullptr) fi_close(&fabric_->fid);
+    if (info_ != nullptr) fi_freeinfo(info_);
+    if (region_ != nullptr) munmap(region_, region_length_);
+    ep_ = nullptr;
+    mr_ = nullptr;
+    av_ = nullptr;
+    cq_ = nullptr;
+    domain_ = nullptr;
+    fabric_ = nullptr;
+    info_ = nullptr;
+    region_ = nullptr;
+  }
+
+  // Connection-based providers (rxm) connect on first use. Connecting here
+  // instead, in one direction (every rank says hello to the ranks above it,
+  // then waits for the hellos of the ranks below and for its own to
+  // complete), keeps connection setup out of the first dispatch, avoids two
+  // ranks connecting to each other at once (rxm then refuses one attempt and
+  // retries), and makes an unreachable peer fail construction. A
+  // connectionless provider (EFA) just exchanges a few signals.
+  void connect_in_order(const deadline& dl) {
+    std::unique_lock lock(mu_);
+    const std::size_t hello = user_slots_ + world_;
+    for (int p = rank_ + 1; p < world_; ++p) post_signal(p, hello + rank_, 1, no_ticket);
+    auto connected = [&] {
+      if (outstanding_ != 0) return false;
+      for (int p = 0; p < rank_; ++p)
+        if (counter(hello + p) == 0) return false;
+      return true;
+    };
+    while (!connected()) {
+      progress_locked();
+      if (dl.expired()) {
+        int late = rank_ - 1;
+        while (late >= 0 && counter(hello + late) != 0) --late;
+        fail("libfabric setup", late >= 0 ? late : no_peer,
+             "deadline expired while connecting to the other ranks");
+      }
+    }
+  }
+
+  // ---- data path (mu_ held) -----------------------------------------------
+
+  posted* acquire(int peer, std::uint64_t ticket, std::uint64_t write) {
+    if (free_.empty()) {
+      pool_.push_back(std::make_unique<posted>());
+      free_.push_back(pool_.back().get());
+    }
+    posted* op = free_.back();
+    free_.pop_back();
+    *op = posted{};
+    op->peer = peer;
+    op->ticket = ticket;
+    op->write = write;
+    ++outstanding_;
+    return op;
+  }
+
+  void release(posted* op) {
+    free_.push_back(op);
+    --outstanding_;
+  }
+
+  // Writes not yet complete (queued ones included), or signals still held back.
+  bool busy() const {
+    if (outstanding_ != 0) return true;
+    return std::any_of(peers_.begin(), peers_.end(),
+                       [](const peer_state& p) { return !p.held.empty(); });
+  }
+
+  void post_writes(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
+                   std::uint64_t ticket) {
+    for (std::size_t off = 0, len = 0; off < bytes; off += len) {
+      len = std::min(max_write_, bytes - off);
+      post_write(peer, local_off + off, remote_off + off, len, ticket, std::nullopt);
+    }
+  }
+
+  void post_write(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
+                  std::uint64_t ticket, std::optional<std::uint64_t> cq_data) {
+    auto& p = peers_[peer];
+    posted* op = acquire(peer, ticket, p.writes.open(1));
+    post(op, data() + local_off, scratch_bytes + remote_off, bytes, cq_data);
+  }
+
+  void post_signal(int peer, std::size_t slot, std::uint64_t n, std::uint64_t ticket) {
+    posted* op = acquire(peer, ticket, no_ticket);
+    post(op, region_, 0, sizeof(std::uint64_t), encode_signal(slot, n));
+  }
+
+  void post(posted* op, void* local, std::uint64_t remote_off, std::size_t bytes,
+            std::optional<std::uint64_t> cq_data) {
+    op->local = local;
+    op->remote_off = remote_off;
+    op->bytes = bytes;
+    op->cq_data = cq_data;
+    auto& backlog = peers_[op->peer].backlog;
+    if (backlog.empty() && try_post(op)) return;
+    backlog.push_back(op);
+  }
+
+  // Posts `op`; false when the provider's queues are full (-FI_EAGAIN) and it
+  // must be tried again after progress. Never blocks, so a peer that stops
+  // draining cannot stall the proxy or, through it, the other peers.
+  bool try_post(posted* op) {
+    const peer_state& p = peers_[op->peer];
+    iovec iov{op->local, op->bytes};
+    void* desc = desc_;
+    fi_rma_iov target{p.base + op->remote_off, op->bytes, p.key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &desc;
+    msg.iov_count = 1;
+    msg.addr = p.addr;
+    msg.rma_iov = &target;
+    msg.rma_iov_count = 1;
+    msg.context = &op->ctx;
+    msg.data = op->cq_data.value_or(0);
+    const std::uint64_t flags =
+        FI_COMPLETION | FI_DELIVERY_COMPLETE | (op->cq_data ? FI_REMOTE_CQ_DATA : 0);
+    const ssize_t rc = fi_writemsg(ep_, &msg, flags);
+    if (rc == 0) return true;
+    if (rc == -FI_EAGAIN) return false;
+    fail_fi(op->write == no_ticket ? "libfabric signal" : "libfabric write", op->peer,
+            "fi_writemsg", rc);
+  }
+
+  void retry_backlog(int peer) {
+    auto& backlog = peers_[peer].backlog;
+    while (!backlog.empty() && try_post(backlog.front())) backlog.pop_front();
+    if (!backlog.empty() && proxy::exited(processes_[peer], self_))
+      fail("libfabric write", peer,
+           "peer process exited with " + std::to_string(backlog.size()) +
+               " writes to it still queued");
+  }
+
+  void defer(int peer, const deferred& d) {
+    peers_[peer].held.push_back(d);
+    release_held(peer);
+  }
+
+  // Posts the held signals (completes the held flushes) of `peer` whose
+  // earlier writes have all completed.
+  void release_held(int peer) {
+    auto& p = peers_[peer];
+    while (!p.held.empty() && p.held.front().after_writes <= p.writes.watermark()) {
+      const deferred d = p.held.front();
+      p.held.pop_front();
+      if (d.what == deferred::kind::flush) {
+        tickets_.complete(d.ticket);
+        continue;
+      }
+      for (std::uint64_t left = d.n; left > 0;) {
+        const std::uint64_t part = std::min(left, max_signal_increment);
+        post_signal(peer, d.slot, part, d.ticket);
+        left -= part;
+      }
+    }
+  }
+
+  void progress_locked() {
+    drain_cq();
+    for (int p = 0; p < world_; ++p) {
+      if (!peers_[p].backlog.empty()) retry_backlog(p);
+      if (!peers_[p].held.empty()) release_held(p);
+    }
+  }
+
+  // Reads every available completion: incoming signals bump counters, our own
+  // operations complete their tickets and writes.
+  void drain_cq() {
+    fi_cq_data_entry entries[32];
+    for (;;) {
+      const ssize_t n = fi_cq_read(cq_, entries, 32);
+      if (n == -FI_EAGAIN) return;
+      if (n == -FI_EAVAIL) fail_from_cq_error();
+      if (n < 0) fail_fi("libfabric progress", no_peer, "fi_cq_read", n);
+      for (ssize_t i = 0; i < n; ++i) on_completion(entries[i]);
+      if (n < 32) return;
+    }
+  }
+
+  void on_completion(const fi_cq_data_entry& e) {
+    if (e.flags & FI_REMOTE_WRITE) {
+      if (e.flags & FI_REMOTE_CQ_DATA) {
+        const std::size_t slot = signal_slot_of(e.data);
+        if (slot >= counters_.size())
+          fail("libfabric progress", no_peer,
+               "incoming signal names slot " + std::to_string(slot) + " of " +
+                   std::to_string(counters_.size()));
+        add_local(slot, signal_increment_of(e.data));
+      }
+      return;
+    }
+    on_completion_of(static_cast<posted*>(e.op_context));
+  }
+
+  void on_completion_of(posted* op) {
+    if (op->write != no_ticket) peers_[op->peer].writes.complete(op->write);
+    if (op->ticket != no_ticket) tickets_.complete(op->ticket);
+    release(op);
+  }
+
+  [[noreturn]] void fail_from_cq_error() {
+    fi_cq_err_entry err{};
+    const ssize_t r = fi_cq_readerr(cq_, &err, 0);
+    if (r < 0) fail_fi("libfabric progress", no_peer, "fi_cq_readerr", r);
+    auto* op = static_cast<posted*>(err.op_context);
+    const int peer = op != nullptr ? op->peer : no_peer;
+    const bool signal = op != nullptr && op->write == no_ticket;
+    if (op != nullptr) on_completion_of(op);  // failed, but no longer the provider's
+    char detail[256] = {};
+    const char* provider_text =
+        fi_cq_strerror(cq_, err.prov_errno, err.err_data, detail, sizeof detail);
+    fail(signal ? "libfabric signal" : "libfabric write", peer,
+         std::string("completion error: ") + fi_strerror(err.err) +
+             (provider_text != nullptr && *provider_text != '\0'
+                  ? std::string(" (") + provider_text + ")"
+                  : std::string()));
+  }
+
+  int rank_;
+  int world_;
+  std::size_t bytes_;
+  std::size_t user_slots_;
+  std::chrono::milliseconds timeout_;
+  std::string name_ = "libfabric";
+  std::size_t max_write_ = 0;
+
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  fid_mr* mr_ = nullptr;
+  void* desc_ = nullptr;
+  bool virt_addr_ = false;
+  std::byte* region_ = nullptr;
+  std::size_t region_length_ = 0;
+
+  mutable std::mutex mu_;
+  proxy::failure_latch failure_;
+  // Local signal counters, read with acquire: the user's slots, then one
+  // barrier and one connection-hello slot per rank.
+  std::vector<std::uint64_t> counters_;
+  std::vector<peer_state> peers_;
+  proxy::process_identity self_ = proxy::this_process();
+  std::vector<proxy::process_identity> processes_;
+  proxy::completion_window tickets_;  // numbered operations
+  std::vector<std::unique_ptr<posted>> pool_;
+  std::vector<posted*> free_;
+  std::size_t outstanding_ = 0;  // posted fabric operations not yet completed
+  std::uint64_t barrier_epoch_ = 0;
+};
+
+static_assert(rma_transport<transport>);
+
+}  // namespace epcomm::libfabric

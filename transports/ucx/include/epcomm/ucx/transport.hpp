@@ -1,0 +1,682 @@
+// UCX transport: one UCP worker per rank, the symmetric buffer and the signal
+// counters mapped with ucp_mem_map, packed rkeys and worker addresses
+// exchanged through the bootstrap. Primitives:
+//
+//   put         ucp_put_nbx;
+//   signal      ucp_worker_fence, then ucp_atomic_op_nbx(UCP_ATOMIC_OP_ADD) on
+//               the peer's counter word: the fence makes every earlier put
+//               (to any peer) complete at its target before the add happens;
+//   put_signal  put, fence, add;
+//   flush       ucp_ep_flush_nbx (remote completion);
+//   self        memcpy and a local counter add.
+//
+// Works with any UCX_TLS that offers RMA and 64-bit atomics, natively or
+// emulated over active messages (shared memory: posix, sysv, cma; tcp). The
+// emulated paths need the target to progress its worker: the proxy does. A
+// peer that fails (ucp error handling mode PEER), exits (same host, by pid)
+// or leaves (its goodbye word, see the destructor), or an operation that
+// completes with an error, latches an epcomm::error naming the peer. Calls are
+// serialized by a mutex (worker in UCS_THREAD_MODE_SERIALIZED), so wait() and
+// barrier() may run while a proxy thread issues operations and progresses.
+#pragma once
+
+#include <sys/mman.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "epcomm/concepts.hpp"
+#include "epcomm/detail/spin_wait.hpp"
+#include "epcomm/error.hpp"
+#include "epcomm/proxy/completion_window.hpp"
+#include "epcomm/proxy/failure_latch.hpp"
+#include "epcomm/proxy/process_identity.hpp"
+
+namespace epcomm::ucx {
+
+struct options {
+  // Bound on the transport's own waits (teardown). EPCOMM_TIMEOUT_MS overrides it.
+  std::chrono::milliseconds timeout = default_timeout;
+};
+
+class transport {
+ public:
+  // Collective over `boot`: every rank passes the same `bytes` and `signal_slots`.
+  template <bootstrap B>
+  transport(B& boot, std::size_t bytes, std::size_t signal_slots, deadline dl,
+            const options& opt = {})
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        bytes_(bytes),
+        user_slots_(signal_slots),
+        slots_(signal_slots + 2 * static_cast<std::size_t>(boot.world_size())),
+        timeout_(effective_timeout(opt.timeout)),
+        peers_(boot.world_size()),
+        processes_(boot.world_size()) {
+    if (const char* tls = std::getenv("UCX_TLS")) {
+      name_ += std::string("/") + tls;
+      shared_memory_only_ = only_shared_memory(tls);
+    }
+    for (int p = 0; p < world_; ++p) peers_[p].error_context = {this, p};
+    try {
+      open_worker();
+      map_memory();
+      exchange(boot, dl);
+      boot.barrier(dl);  // every peer's memory is mapped and its rkeys are out
+    } catch (...) {
+      close();
+      throw;
+    }
+  }
+
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+
+  // Collective, like construction, and bounded: waits for this rank's
+  // operations, says goodbye to every peer and waits for their goodbyes, so
+  // that nobody still needs this rank's worker when it closes (UCX aborts a
+  // process whose peer vanishes while it still serves that peer's requests).
+  // A goodbye tells peers that a closing connection is a departure, and
+  // after a failure which peer it blames. Failed or not, the wait is short
+  // for a peer known lost.
+  ~transport() {
+    {
+      std::lock_guard lock(mu_);
+      const bool failed = failure_.failed();
+      const int culprit = failure_.culprit();
+      const deadline dl = deadline::after(std::min(
+          timeout_, failed ? std::chrono::milliseconds(1'000) : std::chrono::milliseconds(5'000)));
+      auto drain = [&](auto&& done) {
+        while (!done() && !dl.expired()) {
+          try {
+            progress_locked();
+          } catch (const error&) {
+            // Latched already; the other peers' operations still drain.
+          }
+        }
+      };
+      auto reachable = [&](int p) {
+        return p != rank_ && p != culprit && !proxy::exited(processes_[p], self_);
+      };
+      drain([&] { return outstanding_ == 0; });
+      const std::uint64_t goodbye =
+          failed
+              ? goodbye_after_failure + static_cast<std::uint64_t>(culprit >= 0 ? culprit : world_)
+              : goodbye_clean;
+      try {
+        for (int p = 0; p < world_; ++p)
+          if (reachable(p)) post_goodbye(p, goodbye);
+      } catch (const error&) {
+        // Latched; the peers still get the others' goodbyes.
+      }
+      drain([&] {
+        for (int p = 0; p < world_; ++p)
+          if (reachable(p) && counter(goodbye_slot(p)) == 0) return false;
+        return true;
+      });
+      ucp_request_param_t rp{};
+      settle(ucp_worker_flush_nbx(worker_, &rp), dl);
+    }
+    close();
+  }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  std::size_t size() const { return bytes_; }
+  // "ucx/<UCX_TLS>", for test and error messages.
+  const std::string& name() const { return name_; }
+
+  std::span<std::byte> local_buffer() { return {data(), bytes_}; }
+
+  void put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes) {
+    std::lock_guard lock(mu_);
+    check_op("put", peer, local_off, remote_off, bytes);
+    if (peer == rank_) {
+      std::memmove(data() + remote_off, data() + local_off, bytes);
+      tickets_.open(0);
+      return;
+    }
+    const std::uint64_t ticket = tickets_.open(bytes > 0 ? 1 : 0);
+    if (bytes > 0) post_put(peer, local_off, remote_off, bytes, ticket);
+  }
+
+  void put_signal(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
+                  std::size_t slot, std::uint64_t n) {
+    std::lock_guard lock(mu_);
+    check_op("put_signal", peer, local_off, remote_off, bytes);
+    check_slot("put_signal", peer, slot);
+    if (peer == rank_) {
+      std::memmove(data() + remote_off, data() + local_off, bytes);
+      add_local(slot, n);
+      tickets_.open(0);
+      return;
+    }
+    const std::uint64_t ticket = tickets_.open(bytes > 0 ? 2 : 1);
+    if (bytes > 0) post_put(peer, local_off, remote_off, bytes, ticket);
+    post_signal(peer, slot, n, ticket);
+  }
+
+  // Adds n to `slot` of `peer` once every earlier put has completed at its target.
+  void signal_add(int peer, std::size_t slot, std::uint64_t n) {
+    std::lock_guard lock(mu_);
+    check_peer("signal_add", peer);
+    check_slot("signal_add", peer, slot);
+    if (peer == rank_) {
+      add_local(slot, n);
+      tickets_.open(0);
+      return;
+    }
+    post_signal(peer, slot, n, tickets_.open(1));
+  }
+
+  void flush(int peer) {
+    std::lock_guard lock(mu_);
+    check_peer("flush", peer);
+    if (peer == rank_) {
+      tickets_.open(0);
+      return;
+    }
+    const std::uint64_t ticket = tickets_.open(1);
+    op_record* op = acquire(peer, ticket);
+    const ucp_request_param_t rp = request_param(op);
+    track(op, ucp_ep_flush_nbx(peers_[peer].ep, &rp), "ucp_ep_flush_nbx");
+  }
+
+  void progress() {
+    std::lock_guard lock(mu_);
+    failure_.rethrow();
+    progress_locked();
+  }
+
+  std::uint64_t completed() const {
+    std::lock_guard lock(mu_);
+    return tickets_.watermark();
+  }
+
+  void wait(std::size_t slot, std::uint64_t expected, deadline dl, wait_site site) {
+    if (slot >= slots_)
+      throw error(rank_, site.op, site.peer,
+                  "wait on signal slot " + std::to_string(slot) + " of " + std::to_string(slots_));
+    auto ready = [&] {
+      if (counter(slot) >= expected) return true;
+      // Progress here too, so that waiting works with or without a proxy.
+      if (std::unique_lock lock(mu_, std::try_to_lock); lock.owns_lock()) {
+        try {
+          failure_.rethrow();
+          progress_locked();
+        } catch (const error&) {
+          blame_if_gone(site, slot,
+                        expected);  // the awaited peer's exit explains more than a knock-on error
+          throw;
+        }
+      }
+      return counter(slot) >= expected;
+    };
+    auto alive = [&] {
+      blame_if_gone(site, slot, expected);
+      failure_.rethrow();
+    };
+    if (!detail::spin_wait(ready, dl, alive))
+      throw error(rank_, site.op, site.peer,
+                  std::string("deadline expired waiting for ") + site.what + ": expected " +
+                      std::to_string(expected) + ", saw " + std::to_string(counter(slot)) + " (" +
+                      name_ + ")");
+  }
+
+  // Every rank signals every other on the transport's own slots; these
+  // signals are not numbered operations.
+  void barrier(deadline dl) {
+    std::uint64_t epoch;
+    {
+      std::lock_guard lock(mu_);
+      failure_.rethrow();
+      epoch = ++barrier_epoch_;
+      for (int p = 0; p < world_; ++p) {
+        if (p == rank_)
+          add_local(user_slots_ + rank_, 1);
+        else
+          post_signal(p, user_slots_ + rank_, 1, no_ticket);
+      }
+    }
+    for (int p = 0; p < world_; ++p)
+      wait(user_slots_ + p, epoch, dl, {"barrier", p, "barrier arrival"});
+  }
+
+ private:
+  static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
+  static constexpr std::size_t counter_bytes = sizeof(std::uint64_t);
+
+  struct peer_ref {
+    transport* self;
+    int peer;
+  };
+
+  struct peer_state {
+    ucp_ep_h ep = nullptr;
+    ucp_rkey_h rkey = nullptr;
+    std::uint64_t base = 0;    // remote address of the mapped region
+    peer_ref error_context{};  // what the endpoint's error handler receives
+  };
+
+  // One UCX request in flight; operand stays valid until the atomic completes.
+  struct op_record {
+    transport* self;
+    int peer;
+    std::uint64_t ticket;
+    std::uint64_t operand;
+    const char* call;
+    void* request;  // while UCX holds it: what teardown cancels
+  };
+
+  struct announcement {
+    std::uint64_t address_bytes;
+    std::uint64_t rkey_bytes;
+    std::uint64_t base;
+    std::uint64_t bytes;
+    proxy::process_identity process;
+  };
+
+  std::size_t goodbye_slot(int peer) const { return user_slots_ + world_ + peer; }
+
+  // True when a UCX_TLS list names shared-memory transports only.
+  static bool only_shared_memory(std::string_view tls) {
+    constexpr std::string_view shared[] = {"posix", "sysv", "cma", "knem", "xpmem",
+                                           "self",  "sm",   "shm", "mm"};
+    if (tls.empty() || tls.front() == '^') return false;
+    while (!tls.empty()) {
+      const std::size_t comma = tls.find(',');
+      const std::string_view t = tls.substr(0, comma);
+      if (std::find(std::begin(shared), std::end(shared), t) == std::end(shared)) return false;
+      tls = comma == std::string_view::npos ? std::string_view{} : tls.substr(comma + 1);
+    }
+    return true;
+  }
+
+  // The region: counters (one 8-byte word per slot), padded to a cache line, then data.
+  std::size_t counters_length() const { return (slots_ * counter_bytes + 63) / 64 * 64; }
+  std::byte* data() { return region_ + counters_length(); }
+  std::uint64_t* counter_word(std::size_t slot) {
+    return reinterpret_cast<std::uint64_t*>(region_) + slot;
+  }
+  std::uint64_t counter(std::size_t slot) {
+    return std::atomic_ref<std::uint64_t>(*counter_word(slot)).load(std::memory_order_acquire);
+  }
+  void add_local(std::size_t slot, std::uint64_t n) {
+    std::atomic_ref<std::uint64_t>(*counter_word(slot)).fetch_add(n, std::memory_order_release);
+  }
+
+  // A peer that exited on this host, or that said goodbye (closed its
+  // transport: everything it sent before has landed), fails the wait at once,
+  // naming the peer it blamed if it left after a failure; otherwise its loss
+  // shows as an endpoint error or, at worst, the deadline.
+  void blame_if_gone(const wait_site& site, std::size_t slot, std::uint64_t expected) {
+    if (site.peer < 0 || site.peer >= world_ || site.peer == rank_) return;
+    const std::uint64_t goodbye = counter(goodbye_slot(site.peer));
+    if (goodbye != 0 && counter(slot) < expected) {
+      const std::string gone = "peer " + std::to_string(site.peer) +
+                               " closed its transport while this rank waited for " + site.what;
+      if (goodbye == goodbye_clean) fail(site.op, site.peer, gone);
+      const std::uint64_t culprit = goodbye - goodbye_after_failure;
+      if (culprit < static_cast<std::uint64_t>(world_) &&
+          culprit != static_cast<std::uint64_t>(rank_))
+        fail(site.op, static_cast<int>(culprit), gone + ", after a failure it blames on this peer");
+      fail(site.op, site.peer, gone + ", after a failure");
+    }
+    if (proxy::exited(processes_[site.peer], self_))
+      fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
+  }
+
+  [[noreturn]] void fail(const char* op, int peer, const std::string& cause) {
+    const error e(rank_, op, peer, cause + " (" + name_ + ")");
+    failure_.latch(e);  // later calls report the first failure; this one reports its own
+    throw e;
+  }
+  [[noreturn]] void fail_status(const char* op, int peer, const char* call, ucs_status_t s) {
+    fail(op, peer, std::string(call) + " failed: " + ucs_status_string(s));
+  }
+
+  void check_peer(const char* op, int peer) {
+    failure_.rethrow();
+    if (peer < 0 || peer >= world_)
+      fail(op, no_peer,
+           "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(world_) + ")");
+  }
+  void check_op(const char* op, int peer, std::size_t local_off, std::size_t remote_off,
+                std::size_t bytes) {
+    check_peer(op, peer);
+    if (bytes > bytes_ || local_off > bytes_ - bytes || remote_off > bytes_ - bytes)
+      fail(op, peer,
+           std::to_string(bytes) + " bytes from offset " + std::to_string(local_off) + " to " +
+               std::to_string(remote_off) + " overrun the " + std::to_string(bytes_) +
+               "-byte buffer");
+  }
+  void check_slot(const char* op, int peer, std::size_t slot) {
+    if (slot >= user_slots_)
+      fail(op, peer,
+           "signal slot " + std::to_string(slot) + " is outside [0, " +
+               std::to_string(user_slots_) + ")");
+  }
+
+  // ---- bring-up -----------------------------------------------------------
+
+  void open_worker() {
+    ucp_config_t* config = nullptr;
+    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_config_read", s);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64;
+    s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_init", s);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // one thread at a time, under mu_
+    s = ucp_worker_create(context_, &wp, &worker_);
+    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_worker_create", s);
+  }
+
+  void map_memory() {
+    region_length_ = (counters_length() + bytes_ + 4095) / 4096 * 4096;
+    void* p =
+        mmap(nullptr, region_length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      fail("ucx setup", no_peer,
+           "mmap of " + std::to_string(region_length_) + " bytes: " + std::strerror(errno));
+    region_ = static_cast<std::byte*>(p);
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = region_;
+    mp.length = region_length_;
+    const ucs_status_t s = ucp_mem_map(context_, &mp, &memh_);
+    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_mem_map", s);
+  }
+
+  struct address_release {
+    ucp_worker_h worker;
+    void operator()(ucp_address_t* a) const { ucp_worker_release_address(worker, a); }
+  };
+  struct rkey_buffer_release {
+    void operator()(void* b) const { ucp_rkey_buffer_release(b); }
+  };
+
+  template <bootstrap B>
+  void exchange(B& boot, const deadline& dl) {
+    ucp_address_t* raw_address = nullptr;
+    std::size_t address_bytes = 0;
+    ucs_status_t s = ucp_worker_get_address(worker_, &raw_address, &address_bytes);
+    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_worker_get_address", s);
+    const std::unique_ptr<ucp_address_t, address_release> address(raw_address, {worker_});
+    void* raw_rkey = nullptr;
+    std::size_t rkey_bytes = 0;
+    s = ucp_rkey_pack(context_, memh_, &raw_rkey, &rkey_bytes);
+    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_rkey_pack", s);
+    const std::unique_ptr<void, rkey_buffer_release> rkey(raw_rkey);
+
+    // Sizes first, so that every rank then gathers blocks of one size.
+    const announcement mine{address_bytes, rkey_bytes, reinterpret_cast<std::uint64_t>(region_),
+                            bytes_, self_};
+    const auto sizes = boot.all_gather(std::as_bytes(std::span(&mine, 1)), dl);
+    std::vector<announcement> all(world_);
+    std::memcpy(all.data(), sizes.data(), sizes.size());
+    std::size_t max_address = 0, max_rkey = 0;
+    for (const auto& a : all) {
+      max_address = std::max<std::size_t>(max_address, a.address_bytes);
+      max_rkey = std::max<std::size_t>(max_rkey, a.rkey_bytes);
+    }
+    std::vector<std::byte> block(max_address + max_rkey);
+    std::memcpy(block.data(), address.get(), address_bytes);
+    std::memcpy(block.data() + max_address, rkey.get(), rkey_bytes);
+    const auto blob = boot.all_gather(block, dl);
+    for (int p = 0; p < world_; ++p) {
+      if (all[p].bytes != bytes_)
+        fail("ucx setup", p,
+             "buffer sizes disagree: " + std::to_string(all[p].bytes) + " bytes there, " +
+                 std::to_string(bytes_) + " here");
+      processes_[p] = all[p].process;
+      if (p == rank_) continue;
+      const std::byte* at = blob.data() + static_cast<std::size_t>(p) * block.size();
+      connect(p, at, at + max_address, all[p].base);
+    }
+  }
+
+  void connect(int p, const std::byte* address, const std::byte* rkey, std::uint64_t base) {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(address);
+    // Peer failure is reported through UCP_ERR_HANDLING_MODE_PEER, without
+    // which UCX aborts the process on a transport error. UCX's shared-memory
+    // transports do not support it and refuse such endpoints; with only those
+    // selected the mode is NONE (a peer on this host is watched through its
+    // pid instead), and a refusal elsewhere falls back to NONE as well.
+    ep.err_mode = shared_memory_only_ ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &transport::on_peer_error;
+    ep.err_handler.arg = &peers_[p].error_context;
+    ucs_status_t s = ucp_ep_create(worker_, &ep, &peers_[p].ep);
+    if (s == UCS_ERR_UNREACHABLE && ep.err_mode == UCP_ERR_HANDLING_MODE_PEER) {
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      s = ucp_ep_create(worker_, &ep, &peers_[p].ep);
+    }
+    if (s != UCS_OK) fail_status("ucx setup", p, "ucp_ep_create", s);
+    s = ucp_ep_rkey_unpack(peers_[p].ep, rkey, &peers_[p].rkey);
+    if (s != UCS_OK) fail_status("ucx setup", p, "ucp_ep_rkey_unpack", s);
+    peers_[p].base = base;
+  }
+
+  void close() {
+    const deadline dl = deadline::after(std::min(timeout_, std::chrono::milliseconds(2'000)));
+    // Requests that can no longer complete (a peer failed) are cancelled, so
+    // that their callbacks run and UCX gets them back.
+    if (worker_ != nullptr && outstanding_ != 0) {
+      for (auto& op : pool_)
+        if (op->request != nullptr) ucp_request_cancel(worker_, op->request);
+      while (outstanding_ != 0 && !dl.expired()) ucp_worker_progress(worker_);
+    }
+    for (auto& p : peers_) {
+      if (p.rkey != nullptr) ucp_rkey_destroy(p.rkey);
+      p.rkey = nullptr;
+    }
+    // Forced: everything of this rank's is flushed, and a peer that has gone
+    // must not hold it up.
+    std::vector<ucs_status_ptr_t> closing;
+    for (auto& p : peers_) {
+      if (p.ep == nullptr) continue;
+      ucp_request_param_t rp{};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      closing.push_back(ucp_ep_close_nbx(p.ep, &rp));
+      p.ep = nullptr;
+    }
+    for (ucs_status_ptr_t r : closing) settle(r, dl);
+    // Closing leaves work of UCX's own (discarding transport endpoints) that
+    // progress finishes; destroying the worker before would leak it.
+    while (worker_ != nullptr && ucp_worker_progress(worker_) != 0 && !dl.expired()) {
+    }
+    if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    if (region_ != nullptr) munmap(region_, region_length_);
+    memh_ = nullptr;
+    worker_ = nullptr;
+    context_ = nullptr;
+    region_ = nullptr;
+  }
+
+  // Progresses until the request `r` (from an _nbx call) is done, or dl.
+  void settle(ucs_status_ptr_t r, const deadline& dl) {
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && !dl.expired())
+      ucp_worker_progress(worker_);
+    if (ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);
+  }
+
+  // ---- data path (mu_ held) -----------------------------------------------
+
+  op_record* acquire(int peer, std::uint64_t ticket) {
+    if (free_.empty()) {
+      pool_.push_back(std::make_unique<op_record>());
+      free_.push_back(pool_.back().get());
+    }
+    op_record* op = free_.back();
+    free_.pop_back();
+    *op = op_record{this, peer, ticket, 0, "", nullptr};
+    ++outstanding_;
+    return op;
+  }
+
+  ucp_request_param_t request_param(op_record* op) {
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.send = &transport::on_done;
+    rp.user_data = op;
+    return rp;
+  }
+
+  void post_put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
+                std::uint64_t ticket) {
+    op_record* op = acquire(peer, ticket);
+    const ucp_request_param_t rp = request_param(op);
+    const auto& p = peers_[peer];
+    track(op,
+          ucp_put_nbx(p.ep, data() + local_off, bytes, p.base + counters_length() + remote_off,
+                      p.rkey, &rp),
+          "ucp_put_nbx");
+  }
+
+  // Goodbye words: 0 still here, goodbye_clean left after its work,
+  // goodbye_after_failure + c left after a failure blamed on peer c (c ==
+  // world: on none).
+  static constexpr std::uint64_t goodbye_clean = 1;
+  static constexpr std::uint64_t goodbye_after_failure = 2;
+
+  // Sets this rank's goodbye word at `peer` with a put, after everything
+  // issued before has completed there (the fence).
+  void post_goodbye(int peer, std::uint64_t word) {
+    const ucs_status_t s = ucp_worker_fence(worker_);
+    if (s != UCS_OK) fail_status("ucx teardown", peer, "ucp_worker_fence", s);
+    op_record* op = acquire(peer, no_ticket);
+    op->operand = word;
+    const ucp_request_param_t rp = request_param(op);
+    const auto& p = peers_[peer];
+    track(op,
+          ucp_put_nbx(p.ep, &op->operand, sizeof op->operand,
+                      p.base + goodbye_slot(rank_) * counter_bytes, p.rkey, &rp),
+          "ucp_put_nbx");
+  }
+
+  void post_signal(int peer, std::size_t slot, std::uint64_t n, std::uint64_t ticket) {
+    // Everything issued before completes at its target before the add.
+    const ucs_status_t s = ucp_worker_fence(worker_);
+    if (s != UCS_OK) fail_status("ucx signal", peer, "ucp_worker_fence", s);
+    op_record* op = acquire(peer, ticket);
+    op->operand = n;
+    ucp_request_param_t rp = request_param(op);
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    rp.datatype = ucp_dt_make_contig(sizeof(std::uint64_t));
+    const auto& p = peers_[peer];
+    track(op,
+          ucp_atomic_op_nbx(p.ep, UCP_ATOMIC_OP_ADD, &op->operand, 1, p.base + slot * counter_bytes,
+                            p.rkey, &rp),
+          "ucp_atomic_op_nbx");
+  }
+
+  // Finishes `op` now if UCX completed it inline, else when its callback runs.
+  void track(op_record* op, ucs_status_ptr_t r, const char* call) {
+    op->call = call;
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) op->request = r;
+    if (r == nullptr) {
+      finish(op, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      const int peer = op->peer;
+      finish(op, UCS_OK);
+      fail_status("ucx operation", peer, call, UCS_PTR_STATUS(r));
+    }
+  }
+
+  void finish(op_record* op, ucs_status_t status) {
+    if (status != UCS_OK && !deferred_error_)
+      deferred_error_ =
+          error(rank_, "ucx operation", op->peer,
+                std::string(op->call) + " completed with: " + ucs_status_string(status) + " (" +
+                    name_ + ")");
+    if (op->ticket != no_ticket) tickets_.complete(op->ticket);
+    op->request = nullptr;
+    free_.push_back(op);
+    --outstanding_;
+  }
+
+  static void on_done(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<op_record*>(user_data);
+    op->self->finish(op, status);
+    ucp_request_free(request);
+  }
+
+  static void on_peer_error(void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* ctx = static_cast<peer_ref*>(arg);
+    transport& self = *ctx->self;
+    // A peer that said goodbye closed its end on purpose.
+    if (self.counter(self.goodbye_slot(ctx->peer)) != 0) return;
+    if (!self.deferred_error_)
+      self.deferred_error_ = error(
+          self.rank_, "ucx peer", ctx->peer,
+          std::string("endpoint failed: ") + ucs_status_string(status) + " (" + self.name_ + ")");
+  }
+
+  // Callbacks cannot throw through UCX: they park the error, which is
+  // latched and thrown once ucp_worker_progress has returned.
+  void progress_locked() {
+    for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+    }
+    if (deferred_error_) {
+      const error e = *deferred_error_;
+      deferred_error_.reset();
+      failure_.latch(e);
+      throw e;
+    }
+  }
+
+  int rank_;
+  int world_;
+  std::size_t bytes_;
+  std::size_t user_slots_;
+  std::size_t slots_;  // user slots, then per rank one barrier and one goodbye slot
+  std::chrono::milliseconds timeout_;
+  std::string name_ = "ucx";
+  bool shared_memory_only_ = false;  // UCX_TLS names shared-memory transports only
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_mem_h memh_ = nullptr;
+  std::byte* region_ = nullptr;
+  std::size_t region_length_ = 0;
+
+  mutable std::mutex mu_;
+  proxy::failure_latch failure_;
+  std::optional<error> deferred_error_;
+  std::vector<peer_state> peers_;
+  proxy::process_identity self_ = proxy::this_process();
+  std::vector<proxy::process_identity> processes_;
+  proxy::completion_window tickets_;  // numbered operations
+  std::vector<std::unique_ptr<op_record>> pool_;
+  std::vector<op_record*> free_;
+  std::size_t outstanding_ = 0;  // requests not yet completed
+  std::uint64_t barrier_epoch_ = 0;
+};
+
+static_assert(rma_transport<transport>);
+
+}  // namespace epcomm::ucx
