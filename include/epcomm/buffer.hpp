@@ -23,7 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "epcomm/capacity_agreement.hpp"
 #include "epcomm/concepts.hpp"
+#include "epcomm/fault_injection.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/layout.hpp"
 #include "epcomm/normal_mode.hpp"
@@ -51,7 +53,7 @@ class buffer {
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
-        cap_(agreed_capacity(boot, cfg, timeout_)),
+        cap_(agree_capacity<Token>(boot, cfg, timeout_)),
         plan_(wire::plan_regions(cap_, via_proxy)),
         transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)),
         proxy_(transport_) {
@@ -69,6 +71,16 @@ class buffer {
   const wire::capacity& capacity() const { return cap_; }
   Transport& transport() { return transport_; }
 
+  // Time this rank spent blocked on each peer, cumulative: the rank whose
+  // column grows fastest on every other rank is the straggler.
+  const buffer_stats& stats() const { return stats_; }
+  void reset_stats() { stats_ = buffer_stats{std::vector<std::chrono::nanoseconds>(world_)}; }
+
+  // Gives up on the group: waiters in any thread of this rank and peers
+  // waiting for it throw promptly instead of at their deadlines, and this
+  // buffer refuses further calls. Safe from any thread, also after a failure.
+  void abort() { abort_transport(); }
+
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
                                   const dispatch_options& opt = {}) {
     ensure_usable("dispatch");
@@ -79,10 +91,10 @@ class buffer {
     const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
 
     guarded([&] {
+      inject(fault::point::before_notify, "dispatch");
       post_notify(in, opt, lay, cause, epoch, dl);
       for (int s = 0; s < world_; ++s)
-        transport_.wait(slot(wire::signal_kind::notify, s), epoch, dl,
-                        {"dispatch", s, "notify counts"});
+        await(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify counts"});
     });
     const auto peers = read_notify();
     settle_on_failure([&] { check_notify(peers, epoch); }, wire::signal_kind::data, epoch, dl,
@@ -91,10 +103,10 @@ class buffer {
     dispatch_result<Token> res;
     res.handle = make_handle(in, lay, peers);
     guarded([&] {
+      inject(fault::point::mid_dispatch, "dispatch");
       send_rows(in, lay, res.handle, topo, dl);
       for (int s = 0; s < world_; ++s)
-        transport_.wait(slot(wire::signal_kind::data, s), epoch, dl,
-                        {"dispatch", s, "token rows"});
+        await(wire::signal_kind::data, s, epoch, dl, {"dispatch", s, "token rows"});
     });
     fill_result(res, in, opt, peers);
     return res;
@@ -112,19 +124,18 @@ class buffer {
     guarded([&] {
       post_combine_status(cause, in.topk_weights.has_value(), epoch, dl);
       for (int s = 0; s < world_; ++s)
-        transport_.wait(slot(wire::signal_kind::combine_ready, s), epoch, dl,
-                        {"combine", s, "combine readiness"});
+        await(wire::signal_kind::combine_ready, s, epoch, dl, {"combine", s, "combine readiness"});
     });
     settle_on_failure([&] { check_combine_status(epoch); }, wire::signal_kind::combine_data, epoch,
                       dl, "combine");
     guarded([&] {
+      inject(fault::point::mid_combine, "combine");
       if constexpr (via_proxy)
         put_combine_rows(in, h, dl);
       else
         return_rows(in, h);
       for (int r = 0; r < world_; ++r)
-        transport_.wait(slot(wire::signal_kind::combine_data, r), epoch, dl,
-                        {"combine", r, "combined rows"});
+        await(wire::signal_kind::combine_data, r, epoch, dl, {"combine", r, "combined rows"});
     });
     reduce(in, h, out_x, out_weights);
   }
@@ -158,63 +169,6 @@ class buffer {
     std::vector<int> tokens_per_rank;          // [R]
     std::vector<int> tokens_per_local_expert;  // [E/R] of this rank's experts
   };
-
-  // The configuration every rank must share, checked collectively so that a
-  // mismatch fails on all ranks instead of hanging the ones that agree.
-  struct config_record {
-    std::int32_t valid;
-    std::int32_t num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens;
-    std::int32_t token_id;
-  };
-
-  template <bootstrap B>
-  static wire::capacity agreed_capacity(B& boot, const buffer_config& cfg,
-                                        std::chrono::milliseconds timeout) {
-    const int world = boot.world_size();
-    std::string cause;
-    auto need = [&](bool ok, const std::string& what) {
-      if (!ok && cause.empty()) cause = what;
-    };
-    need(cfg.num_experts >= world && cfg.num_experts % world == 0,
-         "num_experts (" + std::to_string(cfg.num_experts) + ") must be a positive multiple of " +
-             "world_size (" + std::to_string(world) + ")");
-    need(cfg.max_hidden > 0, "max_hidden must be > 0");
-    need(!token_traits<Token>::has_scales || cfg.max_hidden % 128 == 0,
-         "max_hidden must be a multiple of 128 for fp8 tokens (one scale per 128 channels)");
-    need(cfg.max_topk > 0 && cfg.max_topk <= cfg.num_experts, "max_topk must be in [1, num_experts]");
-    need(cfg.max_tokens_per_rank >= 0, "max_tokens_per_rank must be >= 0");
-    need(cfg.max_recv_tokens >= 0, "max_recv_tokens must be >= 0");
-    const long long recv = cfg.max_recv_tokens > 0
-                               ? cfg.max_recv_tokens
-                               : static_cast<long long>(world) * cfg.max_tokens_per_rank;
-    need(recv <= std::numeric_limits<std::int32_t>::max(), "max_recv_tokens overflows int32");
-
-    const config_record mine{cause.empty() ? 1 : 0, cfg.num_experts, cfg.max_hidden, cfg.max_topk,
-                             cfg.max_tokens_per_rank, static_cast<std::int32_t>(recv),
-                             token_traits<Token>::id};
-    const auto bytes = boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(timeout));
-    std::vector<config_record> all(world);
-    std::memcpy(all.data(), bytes.data(), bytes.size());
-    if (!cause.empty()) throw error(boot.rank(), "buffer", no_peer, "invalid config: " + cause);
-    for (int p = 0; p < world; ++p) {
-      if (!all[p].valid) throw error(boot.rank(), "buffer", p, "peer rejected its config");
-      if (std::memcmp(&all[p], &mine, sizeof mine) != 0)
-        throw error(boot.rank(), "buffer", p,
-                    "config differs from this rank's (num_experts, max_hidden, max_topk, "
-                    "max_tokens_per_rank, max_recv_tokens and token type must agree)");
-    }
-    const int max_rows = cfg.max_tokens_per_rank * std::min(cfg.max_topk, world);
-    return wire::capacity{world,
-                          cfg.num_experts,
-                          cfg.max_hidden,
-                          cfg.max_topk,
-                          cfg.max_tokens_per_rank,
-                          static_cast<int>(recv),
-                          max_rows,
-                          static_cast<int>(sizeof(Token)),
-                          static_cast<int>(sizeof(combine_t)),
-                          token_traits<Token>::has_scales};
-  }
 
   std::size_t slot(wire::signal_kind kind, int source) const {
     return wire::signal_slot(kind, source, world_);
@@ -252,18 +206,37 @@ class buffer {
 
   void ensure_usable(const char* op) const {
     if (broken_) throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+    if constexpr (requires { transport_.aborted(); })
+      if (transport_.aborted()) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
   }
 
   // A transport failure (deadline, lost peer) leaves peers mid-protocol: the
-  // buffer refuses further calls rather than mix epochs.
+  // buffer refuses further calls rather than mix epochs, and aborts the
+  // transport so that peers stop waiting for this rank.
   template <class F>
   void guarded(F&& f) {
     try {
       f();
     } catch (const error& e) {
       broken_ = e.what();
+      abort_transport(e.peer());
       throw;
     }
+  }
+
+  void abort_transport(int culprit = no_peer) {
+    if constexpr (requires { transport_.abort(culprit); }) transport_.abort(culprit);
+  }
+
+  void await(wire::signal_kind kind, int peer, std::uint64_t epoch, const deadline& dl,
+             wait_site site) {
+    const auto start = steady::now();
+    transport_.wait(slot(kind, peer), epoch, dl, site);
+    stats_.wait_per_peer[peer] += steady::now() - start;
+  }
+
+  void inject(fault::point at, const char* op) {
+    fault::inject(at, rank_, op, [this] { abort_transport(); });
   }
 
   // When every rank has agreed to reject a call, each still completes the
@@ -279,7 +252,7 @@ class buffer {
       guarded([&] {
         for (int p = 0; p < world_; ++p) signal_add(p, slot(final_round, rank_), dl);
         for (int p = 0; p < world_; ++p)
-          transport_.wait(slot(final_round, p), epoch, dl, {op, p, "agreement to reject the call"});
+          await(final_round, p, epoch, dl, {op, p, "agreement to reject the call"});
       });
       throw;
     }
@@ -714,6 +687,7 @@ class buffer {
   std::uint64_t dispatch_epoch_ = 0;
   std::uint64_t combine_epoch_ = 0;
   std::optional<std::string> broken_;
+  buffer_stats stats_{std::vector<std::chrono::nanoseconds>(world_)};
 };
 
 }  // namespace epcomm

@@ -94,8 +94,8 @@ inline plan parse(std::string_view spec) {
 
 namespace detail {
 // Read once per process, on first use (after fork, in a rank).
-inline const std::optional<plan>& armed() {
-  static const std::optional<plan> p = []() -> std::optional<plan> {
+inline std::optional<plan>& armed() {
+  static std::optional<plan> p = []() -> std::optional<plan> {
     const char* s = std::getenv("EPCOMM_FAULT");
     if (s == nullptr || *s == '\0') return std::nullopt;
     return parse(s);
@@ -107,6 +107,10 @@ inline int& hits(point p) {
   return counts[static_cast<int>(p)];
 }
 }  // namespace detail
+
+// Disarms the plan in this process: survivors that re-form a group get new
+// rank numbers, and one of them must not inherit the victim's fault.
+inline void disarm() { detail::armed().reset(); }
 
 // Called by the engines at each point. `abort_transport` is how this rank
 // drops its transport (a callable, so this header needs no transport type).

@@ -95,6 +95,11 @@ struct combine_input {
   std::span<const Out> bias_1;                // optional [T][H], added to the result
 };
 
+// Cumulative per-rank counters that point at stragglers.
+struct buffer_stats {
+  std::vector<std::chrono::nanoseconds> wait_per_peer;  // [R] time blocked on each rank's signals
+};
+
 template <class Out>
 struct combine_result {
   std::vector<Out> x;                  // [T][H]: sum over destination ranks, fp32 accumulation
