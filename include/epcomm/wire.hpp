@@ -70,6 +70,8 @@ struct capacity {
   int token_bytes;       // bytes per element of dispatched tokens
   int combine_bytes;     // bytes per element of combined rows
   bool has_scales;       // fp8 tokens carry one fp32 scale per 128 channels
+
+  friend bool operator==(const capacity&, const capacity&) = default;
 };
 
 // Byte offsets of every array in the symmetric buffer. Arrays are laid out as
