@@ -1,7 +1,14 @@
 // epcomm::low_latency_buffer: low-latency (decode / rollout) dispatch and
-// combine over a peer-mapped transport. This is the host engine: the calling
-// thread stores records straight into peers' buffers. Wire layout and signals:
-// low_latency_wire.hpp; overview: docs/low_latency.md.
+// combine. This is the host engine: the calling thread is the producer. Over
+// a peer-mapped transport it stores records straight into peers' buffers; over
+// an RMA transport it stages them in its own registered buffer (the plan's
+// send_* regions; combine rows are put from combine_send itself) and hands
+// put / put_signal descriptors to a proxy thread (proxy::engine), one ring
+// per parity. Both paths move the same bytes to the same offsets with the same
+// counted signals; writes to this rank itself are stores on both. Wire layout
+// and signals: low_latency_wire.hpp; overview: docs/low_latency.md.
+// Over an RMA transport, destruction is collective in one respect: it waits
+// (bounded) for every peer's release of this rank's last dispatches.
 //
 // Protocol per call (no count exchange, no notify phase):
 //   dispatch  send:    wait until every receiver released this parity's
@@ -25,8 +32,9 @@
 // combines into parity p again only after receiving a newer dispatch on p,
 // which its sources send only after finishing their combine on p.
 //
-// Invalid input (too many tokens, expert id out of range, sizes that
-// disagree, a stale handle) is found before any record moves. Without a
+// Invalid input (too many tokens, expert id out of range, an expert named
+// more often than its region has slots, sizes that disagree, a stale handle)
+// is found before any record moves. Without a
 // notify phase the peers learn it from the count words: the rejecting rank
 // writes a reject record and marks every count word it owes "rejected"
 // instead of sending records, then completes its own receive phase (peers'
@@ -40,7 +48,9 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <concepts>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -54,13 +64,20 @@
 #include "epcomm/layout.hpp"
 #include "epcomm/low_latency_mode.hpp"
 #include "epcomm/low_latency_wire.hpp"
+#include "epcomm/proxy/engine.hpp"
 #include "epcomm/token_types.hpp"
 
 namespace epcomm {
 
-template <peer_mapped_transport Transport, class Wire = bf16>
-requires std::same_as<Wire, bf16> || std::same_as<Wire, fp8_e4m3>
+// What low-latency mode carries on the wire: bf16, or fp8 with one scale per 128 channels.
+template <class W>
+concept low_latency_wire = std::same_as<W, bf16> || std::same_as<W, fp8_e4m3>;
+
+template <transport Transport, low_latency_wire Wire = bf16>
+requires peer_mapped_transport<Transport> || proxy::completion_counting<Transport>
 class low_latency_buffer {
+  // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
+  static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
   static constexpr const char* dispatch_op = "low-latency dispatch";
   static constexpr const char* combine_op = "low-latency combine";
 
@@ -105,19 +122,47 @@ class low_latency_buffer {
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
         shape_(agreed_shape(boot, cfg, timeout_)),
-        plan_(wire::ll::plan_buffer(shape_)),
+        plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         transport_(boot, plan_.total, wire::ll::signal_slots(shape_), deadline::after(timeout_)),
+        proxy_(transport_),
         next_slot_(shape_.num_experts),
         rows_to_rank_(world_),
         scratch_(wire::ll::record_bytes(shape_)),
         acc_(shape_.hidden) {
-    for (int p = 0; p < world_; ++p)
-      if (!transport_.is_peer_mapped(p))
-        throw error(rank_, "low_latency_buffer", p,
-                    "rank is not peer-mapped from here; this engine needs every rank on one node");
+    if constexpr (!via_proxy) {
+      for (int p = 0; p < world_; ++p)
+        if (!transport_.is_peer_mapped(p))
+          throw error(rank_, "low_latency_buffer", p,
+                      "rank is not peer-mapped from here; low-latency mode over this transport "
+                      "needs every rank on one node");
+    }
     stats_.recv_tokens_per_expert.assign(shape_.local_experts(), 0);
     stats_.dispatch_wait.assign(world_, {});
     stats_.combine_wait.assign(world_, {});
+  }
+
+  // Over an RMA transport a peer's writes to this rank are all awaited by this
+  // rank, except the release signals of the last dispatch on each parity (a
+  // source waits for them only at its next dispatch there). Waiting for them
+  // here keeps this rank from closing its endpoint while they are in flight,
+  // which would leave the peer's teardown to wait them out. Skipped after a
+  // failure or abort; bounded by the timeout. (A dispatch whose receive hook
+  // never ran was never released by this rank itself.)
+  ~low_latency_buffer() {
+    if constexpr (via_proxy) {
+      if (broken_ || aborted_.load(std::memory_order_acquire)) return;
+      try {
+        const deadline dl = deadline::after(timeout_);
+        for (int p = 0; p < wire::ll::parities; ++p)
+          if (const std::uint64_t epoch = parity_[p].dispatch_epoch; epoch > 0)
+            for (int r = 0; r < world_; ++r)
+              if (r != rank_ || !parity_[p].dispatch_pending)
+                transport_.wait(wire::ll::released_signal(shape_, p, r), epoch, dl,
+                                {"low_latency_buffer teardown", r, "release of the last dispatch"});
+      } catch (const error&) {
+        // A peer failed or left meanwhile: the transport's teardown is bounded.
+      }
+    }
   }
 
   low_latency_buffer(const low_latency_buffer&) = delete;
@@ -128,10 +173,15 @@ class low_latency_buffer {
   const wire::ll::shape& shape() const { return shape_; }
   Transport& transport() { return transport_; }
 
-  // Gives up on the group: waiters in any thread of this rank and peers
-  // waiting for it throw promptly instead of at their deadlines, and this
-  // buffer refuses further calls. Safe from any thread, also after a failure.
-  void abort() { abort_transport(); }
+  // Gives up on the group: this buffer refuses further calls and, through the
+  // transport's abort(), waiters in any thread of this rank and peers waiting
+  // for it throw promptly instead of at their deadlines (a transport without
+  // abort() leaves them to their deadlines). Safe from any thread, also after
+  // a failure.
+  void abort() {
+    aborted_.store(true, std::memory_order_release);
+    abort_transport();
+  }
   const ll_stats& stats() const { return stats_; }
   void reset_stats() {
     std::ranges::fill(stats_.recv_tokens_per_expert, 0);
@@ -164,10 +214,14 @@ class low_latency_buffer {
         for (int r = 0; r < world_; ++r)
           transport_.wait(wire::ll::released_signal(shape_, p, r), epoch - 1, dl,
                           {dispatch_op, r, "release of the previous dispatch region"});
+      // RMA: every put that read this parity's staging and combine_send (the
+      // previous dispatch and combine on it) must be complete before they
+      // are written again, here or by the caller once this dispatch returns.
+      if constexpr (via_proxy) proxy_.quiet(p, dl);
       if (cause.empty())
-        send_records(p, epoch, in);
+        send_records(p, epoch, in, dl);
       else
-        send_rejection(p, epoch, cause, wire::ll::reject_kind::dispatch);
+        send_rejection(p, epoch, cause, wire::ll::reject_kind::dispatch, dl);
     });
     st.dispatch_pending = true;
     st.dispatch_ok = cause.empty();
@@ -209,6 +263,7 @@ class low_latency_buffer {
     // dispatch cannot be combined again either way.
     st.combined_epoch = st.dispatch_epoch;
     const std::string cause = validate(in, h);
+    const deadline dl = deadline::after(timeout_);
     guarded([&] {
       if (cause.empty()) {
         // Kept for the receive phase, so the caller's spans need not outlive
@@ -218,9 +273,9 @@ class low_latency_buffer {
           for (int j = 0; j < h.topk; ++j)
             weights[wire::ll::combine_row(shape_, t, j)] =
                 in.topk_weights[static_cast<std::size_t>(t) * h.topk + j];
-        return_rows(p, epoch, in.y);
+        return_rows(p, epoch, in.y, dl);
       } else {
-        send_rejection(p, epoch, cause, wire::ll::reject_kind::combine);
+        send_rejection(p, epoch, cause, wire::ll::reject_kind::combine, dl);
       }
     });
     st.combine_pending = true;
@@ -230,6 +285,24 @@ class low_latency_buffer {
   }
 
  private:
+  // The proxy that issues this rank's RMA operations, with one channel (ring)
+  // per parity so that reusing a parity's staging waits only for that
+  // parity's puts; nothing for peer-mapped transports.
+  struct no_proxy {
+    explicit no_proxy(Transport&) {}
+  };
+  template <bool rma, class = void>
+  struct proxy_of {
+    using type = no_proxy;
+  };
+  template <class Unused>
+  struct proxy_of<true, Unused> {
+    struct type : proxy::engine<Transport> {
+      explicit type(Transport& t) : proxy::engine<Transport>(t, {.channels = wire::ll::parities}) {}
+    };
+  };
+  using proxy_type = typename proxy_of<via_proxy>::type;
+
   struct parity_state {
     std::uint64_t dispatch_epoch = 0;  // dispatches issued on this parity
     std::uint64_t combine_epoch = 0;   // combines issued on this parity
@@ -307,9 +380,38 @@ class low_latency_buffer {
                                 offset);
   }
 
-  // A peer's region of parity p.
+  // Offset of a region of parity p from the start of the symmetric buffer,
+  // as the proxy's descriptors name it.
+  std::size_t at(int p, std::size_t offset) const {
+    return wire::ll::parity_base(plan_, p) + offset;
+  }
+
+  // True when this rank stores into `peer`'s buffer itself: every peer over
+  // a peer-mapped transport, only this rank over an RMA one.
+  bool direct(int peer) const { return !via_proxy || peer == rank_; }
+
+  // A region of parity p in the buffer of `peer`, for which direct(peer).
   std::byte* remote(int peer, int p, std::size_t offset) {
-    return transport_.peer_ptr(peer, wire::ll::parity_base(plan_, p) + offset);
+    if constexpr (via_proxy)
+      return local<std::byte>(p, offset);  // peer == rank_
+    else
+      return transport_.peer_ptr(peer, at(p, offset));
+  }
+
+  // RMA path: hands one operation of parity p to the proxy; put_signal and
+  // signal add 1 to `peer`'s counter `slot` once this and every earlier write
+  // to `peer` has landed there. Offsets are from the symmetric buffer's start.
+  void enqueue(int p, proxy::op_code op, int peer, std::size_t local_off, std::size_t remote_off,
+               std::size_t bytes, std::size_t slot, const deadline& dl) {
+    proxy_.push(p, op, peer, local_off, remote_off, bytes, slot, 1, dl);
+  }
+
+  // Adds 1 to `peer`'s counter `slot` after this rank's earlier writes to it.
+  void signal_add(int p, int peer, std::size_t slot, const deadline& dl) {
+    if constexpr (via_proxy)
+      enqueue(p, proxy::op_code::signal, peer, 0, 0, 0, slot, dl);
+    else
+      transport_.signal_add(peer, slot, 1);
   }
 
   void check_parity(const ll_handle& h, const char* op) const {
@@ -321,8 +423,9 @@ class low_latency_buffer {
   void ensure_usable(const char* op) const {
     if (broken_)
       throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
-    if constexpr (requires { transport_.aborted(); })
-      if (transport_.aborted()) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
+    bool aborted = aborted_.load(std::memory_order_acquire);
+    if constexpr (requires { transport_.aborted(); }) aborted = aborted || transport_.aborted();
+    if (aborted) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
   }
 
   // A transport failure (deadline, lost peer) or a protocol violation leaves
@@ -347,7 +450,7 @@ class low_latency_buffer {
     throw error(rank_, op, peer, "protocol mismatch: " + what);
   }
 
-  std::string validate(const ll_dispatch_input& in) const {
+  std::string validate(const ll_dispatch_input& in) {
     const std::size_t h = static_cast<std::size_t>(shape_.hidden);
     if (in.num_tokens < 0) return "num_tokens is negative";
     if (in.num_tokens > shape_.max_tokens_per_rank)
@@ -365,6 +468,14 @@ class low_latency_buffer {
       return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
              " ids, expected T*K = " + std::to_string(t * k);
     if (auto bad = find_invalid_expert(in.topk_idx, in.topk, shape_.num_experts)) return *bad;
+    // Region (expert, this rank) has max_tokens_per_rank slots; only tokens
+    // that name an expert twice can overflow it.
+    std::ranges::fill(next_slot_, 0);
+    for (const std::int64_t e : in.topk_idx)
+      if (e >= 0 && ++next_slot_[e] > shape_.max_tokens_per_rank)
+        return "expert " + std::to_string(e) + " is named more than max_tokens_per_rank (" +
+               std::to_string(shape_.max_tokens_per_rank) +
+               ") times: a token that names an expert twice takes two of its slots";
     return {};
   }
 
@@ -396,10 +507,8 @@ class low_latency_buffer {
     return {};
   }
 
-  void send_records(int p, std::uint64_t epoch, const ll_dispatch_input& in) {
+  void send_records(int p, std::uint64_t epoch, const ll_dispatch_input& in, const deadline& dl) {
     const int k = in.topk;
-    const int per_rank = shape_.local_experts();
-    const std::size_t rb = wire::ll::record_bytes(shape_);
     const std::size_t payload = wire::ll::payload_bytes(shape_);
     const std::size_t scales = sizeof(float) * shape_.scales_per_token();
     std::int64_t* sent = local<std::int64_t>(p, plan_.sent_topk_idx);
@@ -421,53 +530,99 @@ class low_latency_buffer {
         const std::int64_t e = in.topk_idx[static_cast<std::size_t>(t) * k + j];
         sent[wire::ll::combine_row(shape_, t, j)] = e;
         if (e < 0) continue;
-        const int dst = static_cast<int>(e / per_rank);
-        const int le = static_cast<int>(e % per_rank);
         const int slot = next_slot_[e]++;
         const wire::ll::record_header hdr{{rank_, t, j}, 0};
-        std::byte* at = remote(dst, p, plan_.dispatch_recv) +
-                        wire::ll::record_index(shape_, le, rank_, slot) * rb;
-        std::memcpy(at, &hdr, sizeof hdr);
-        std::memcpy(at + sizeof hdr, body, payload);
+        std::byte* rec = outgoing_record(static_cast<int>(e), slot, p);
+        std::memcpy(rec, &hdr, sizeof hdr);
+        std::memcpy(rec + sizeof hdr, body, payload);
         if (scales != 0)
-          std::memcpy(at + wire::ll::scales_offset(shape_),
+          std::memcpy(rec + wire::ll::scales_offset(shape_),
                       scratch_.data() + wire::ll::scales_offset(shape_), scales);
       }
     }
     for (int e = 0; e < shape_.num_experts; ++e)
-      publish_dispatch_count(e / per_rank, e % per_rank, p,
-                             {epoch, next_slot_[e], wire::ll::state::ok});
+      publish_dispatch_count(e, p, {epoch, next_slot_[e], wire::ll::state::ok}, dl);
   }
 
-  void publish_dispatch_count(int dst, int le, int p, const wire::ll::count_word& w) {
-    std::memcpy(remote(dst, p, plan_.dispatch_counts) +
-                    (static_cast<std::size_t>(le) * world_ + rank_) * sizeof(w),
-                &w, sizeof w);
-    transport_.signal_add(dst, wire::ll::dispatch_signal(shape_, p, le, rank_), 1);
+  // Where this rank writes record `slot` for expert e: straight into region
+  // (e's local index, this rank) on e's rank, or (RMA) into its staging, by
+  // destination expert, for the proxy to put with the count word.
+  std::byte* outgoing_record(int e, int slot, int p) {
+    const std::size_t rb = wire::ll::record_bytes(shape_);
+    const int per_rank = shape_.local_experts();
+    const int dst = e / per_rank;
+    if (direct(dst))
+      return remote(dst, p, plan_.dispatch_recv) +
+             wire::ll::record_index(shape_, e % per_rank, rank_, slot) * rb;
+    return local<std::byte>(p, plan_.send_records) +
+           (static_cast<std::size_t>(e) * shape_.max_tokens_per_rank + slot) * rb;
   }
 
-  void publish_combine_count(int src, int p, const wire::ll::count_word& w) {
-    std::memcpy(remote(src, p, plan_.combine_counts) + static_cast<std::size_t>(rank_) * sizeof(w),
-                &w, sizeof w);
-    transport_.signal_add(src, wire::ll::combine_signal(shape_, p, rank_), 1);
+  // Count word (and, over RMA, the staged records before it) of region
+  // (expert e, this rank), then its signal.
+  void publish_dispatch_count(int e, int p, const wire::ll::count_word& w, const deadline& dl) {
+    const int per_rank = shape_.local_experts();
+    const int dst = e / per_rank;
+    const int le = e % per_rank;
+    const std::size_t word =
+        plan_.dispatch_counts + (static_cast<std::size_t>(le) * world_ + rank_) * sizeof w;
+    const std::size_t counter = wire::ll::dispatch_signal(shape_, p, le, rank_);
+    if constexpr (via_proxy) {
+      const std::size_t rb = wire::ll::record_bytes(shape_);
+      if (!direct(dst) && w.count > 0)
+        enqueue(p, proxy::op_code::put, dst,
+                at(p, plan_.send_records +
+                          static_cast<std::size_t>(e) * shape_.max_tokens_per_rank * rb),
+                at(p, plan_.dispatch_recv + wire::ll::record_index(shape_, le, rank_, 0) * rb),
+                static_cast<std::size_t>(w.count) * rb, 0, dl);
+      const std::size_t staged =
+          plan_.send_dispatch_counts + static_cast<std::size_t>(e) * sizeof w;
+      std::memcpy(local<std::byte>(p, staged), &w, sizeof w);
+      enqueue(p, proxy::op_code::put_signal, dst, at(p, staged), at(p, word), sizeof w, counter,
+              dl);
+    } else {
+      std::memcpy(remote(dst, p, word), &w, sizeof w);
+      transport_.signal_add(dst, counter, 1);
+    }
+  }
+
+  void publish_combine_count(int src, int p, const wire::ll::count_word& w, const deadline& dl) {
+    const std::size_t word = plan_.combine_counts + static_cast<std::size_t>(rank_) * sizeof w;
+    const std::size_t counter = wire::ll::combine_signal(shape_, p, rank_);
+    if constexpr (via_proxy) {
+      const std::size_t staged =
+          plan_.send_combine_counts + static_cast<std::size_t>(src) * sizeof w;
+      std::memcpy(local<std::byte>(p, staged), &w, sizeof w);
+      enqueue(p, proxy::op_code::put_signal, src, at(p, staged), at(p, word), sizeof w, counter,
+              dl);
+    } else {
+      std::memcpy(remote(src, p, word), &w, sizeof w);
+      transport_.signal_add(src, counter, 1);
+    }
   }
 
   // Tells every peer, through the count words this rank owes it, that this
   // call is rejected and why. No record moves.
   void send_rejection(int p, std::uint64_t epoch, const std::string& cause,
-                      wire::ll::reject_kind kind) {
+                      wire::ll::reject_kind kind, const deadline& dl) {
     wire::ll::reject_record rec{};
     rec.epoch = epoch;
     std::strncpy(rec.cause, cause.c_str(), sizeof(rec.cause) - 1);
+    const std::size_t there =
+        plan_.rejects + (static_cast<std::size_t>(kind) * world_ + rank_) * sizeof rec;
+    const std::size_t staged = plan_.send_rejects + static_cast<std::size_t>(kind) * sizeof rec;
+    if constexpr (via_proxy) std::memcpy(local<std::byte>(p, staged), &rec, sizeof rec);
     const wire::ll::count_word w{epoch, 0, wire::ll::state::rejected};
     for (int r = 0; r < world_; ++r) {
-      std::memcpy(remote(r, p, plan_.rejects) +
-                      (static_cast<std::size_t>(kind) * world_ + rank_) * sizeof rec,
-                  &rec, sizeof rec);
+      if (direct(r))
+        std::memcpy(remote(r, p, there), &rec, sizeof rec);
+      else if constexpr (via_proxy)
+        enqueue(p, proxy::op_code::put, r, at(p, staged), at(p, there), sizeof rec, 0, dl);
       if (kind == wire::ll::reject_kind::dispatch)
-        for (int le = 0; le < shape_.local_experts(); ++le) publish_dispatch_count(r, le, p, w);
+        for (int le = 0; le < shape_.local_experts(); ++le)
+          publish_dispatch_count(r * shape_.local_experts() + le, p, w, dl);
       else
-        publish_combine_count(r, p, w);
+        publish_combine_count(r, p, w, dl);
     }
   }
 
@@ -574,7 +729,7 @@ class low_latency_buffer {
                                   st.dispatch_ok, rejecting));
       // Every record of this parity has been read: sources may write it again.
       for (int r = 0; r < world_; ++r)
-        transport_.signal_add(r, wire::ll::released_signal(shape_, p, rank_), 1);
+        signal_add(p, r, wire::ll::released_signal(shape_, p, rank_), dl);
     });
     st.dispatch_pending = false;
     if (failure) {
@@ -597,23 +752,50 @@ class low_latency_buffer {
 
   // Sends every received row's expert output back to slot (token, top-k slot)
   // of its source, then a count word per source.
-  void return_rows(int p, std::uint64_t epoch, std::span<const bf16> y) {
+  void return_rows(int p, std::uint64_t epoch, std::span<const bf16> y, const deadline& dl) {
     const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const std::size_t row_bytes = h * sizeof(bf16);
     const auto* src = local<const wire::ll::source>(p, plan_.recv_src);
     const auto* recv_count = local<const std::int32_t>(p, plan_.recv_count);
+    if constexpr (via_proxy) stage_combine_rows(p, y);
     std::ranges::fill(rows_to_rank_, 0);
     for (int le = 0; le < shape_.local_experts(); ++le) {
       const std::size_t first = static_cast<std::size_t>(le) * shape_.rows_per_expert();
       for (std::size_t row = first; row < first + recv_count[le]; ++row) {
         const wire::ll::source& s = src[row];
-        std::byte* at = remote(s.rank, p, plan_.combine_recv) +
-                        wire::ll::combine_row(shape_, s.token, s.topk_slot) * h * sizeof(bf16);
-        std::memcpy(at, y.data() + row * h, h * sizeof(bf16));
+        const std::size_t there =
+            plan_.combine_recv + wire::ll::combine_row(shape_, s.token, s.topk_slot) * row_bytes;
+        if (direct(s.rank))
+          std::memcpy(remote(s.rank, p, there), y.data() + row * h, row_bytes);
+        else if constexpr (via_proxy)
+          enqueue(p, proxy::op_code::put, s.rank, at(p, plan_.combine_send + row * row_bytes),
+                  at(p, there), row_bytes, 0, dl);
         ++rows_to_rank_[s.rank];
       }
     }
     for (int s = 0; s < world_; ++s)
-      publish_combine_count(s, p, {epoch, rows_to_rank_[s], wire::ll::state::ok});
+      publish_combine_count(s, p, {epoch, rows_to_rank_[s], wire::ll::state::ok}, dl);
+  }
+
+  // RMA path: the proxy puts combine rows from combine_send, where the caller
+  // may already have written them (zero copy); otherwise each local expert's
+  // valid rows are copied there, in one block.
+  void stage_combine_rows(int p, std::span<const bf16> y) {
+    bf16* send = local<bf16>(p, plan_.combine_send);
+    if (y.data() == send) return;
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const auto* recv_count = local<const std::int32_t>(p, plan_.recv_count);
+    const auto begin = reinterpret_cast<std::uintptr_t>(send);
+    const auto y_begin = reinterpret_cast<std::uintptr_t>(y.data());
+    if (y_begin < begin + y.size_bytes() && begin < y_begin + y.size_bytes()) {
+      // y overlaps combine_send without being it: one move keeps every row intact.
+      std::memmove(send, y.data(), y.size_bytes());
+      return;
+    }
+    for (int le = 0; le < shape_.local_experts(); ++le) {
+      const std::size_t first = static_cast<std::size_t>(le) * shape_.rows_per_expert() * h;
+      std::memcpy(send + first, y.data() + first, recv_count[le] * h * sizeof(bf16));
+    }
   }
 
   std::span<const bf16> receive_combine(int p, std::uint64_t epoch) {
@@ -697,6 +879,7 @@ class low_latency_buffer {
   wire::ll::shape shape_;
   wire::ll::plan plan_;
   Transport transport_;
+  proxy_type proxy_;  // after transport_: it stops before the transport closes
   parity_state parity_[wire::ll::parities];
   int next_parity_ = 0;
   // Per-call scratch, sized once here so that no call allocates.
@@ -706,6 +889,7 @@ class low_latency_buffer {
   std::vector<float> acc_;          // [H] fp32 accumulator
   ll_stats stats_;
   std::optional<std::string> broken_;
+  std::atomic<bool> aborted_{false};  // abort() was called, maybe from another thread
 };
 
 }  // namespace epcomm

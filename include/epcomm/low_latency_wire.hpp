@@ -26,9 +26,14 @@
 // cannot arrive early: a source writes parity p again only after every
 // receiver released it. The count travels in a count word, not in the signal,
 // so one add per call completes the region whatever order bytes land in: an
-// RMA transport puts the records, then puts the count word with its signal
-// (put_signal after a flush); a peer-mapped one stores them and signals with
-// release semantics.
+// RMA transport puts the records, then the count word with put_signal, whose
+// signal the transport delivers only once every earlier write to that peer
+// has landed (by completion, never by write order: EFA reorders writes); a
+// peer-mapped one stores them and signals with release semantics.
+//
+// Over an RMA transport each parity also holds staging regions, planned only
+// then and after all of the above, so the peer-mapped layout is unchanged:
+// what this rank lays out in its own registered buffer for the proxy to put.
 #pragma once
 
 #include <cstddef>
@@ -129,11 +134,17 @@ struct plan {
   std::size_t sent_topk_idx;    // [max_tokens][max_topk] int64: what this rank dispatched
   std::size_t combine_weights;  // [max_tokens][max_topk] float: this combine's weights
   std::size_t combine_out;      // [max_tokens][H] bf16
+  // Staging, RMA transports only (zero otherwise); never touched by peers.
+  // Combine rows need none: they are put from combine_send.
+  std::size_t send_records;          // [E][max_tokens] records, by destination expert
+  std::size_t send_dispatch_counts;  // [E] count_word, by destination expert
+  std::size_t send_combine_counts;   // [R] count_word, by source rank
+  std::size_t send_rejects;          // [2] reject_record, by reject_kind
   std::size_t parity_bytes;
   std::size_t total;
 };
 
-EPCOMM_HD constexpr plan plan_buffer(const shape& s) {
+EPCOMM_HD constexpr plan plan_buffer(const shape& s, bool staging = false) {
   plan p{};
   const std::size_t el = static_cast<std::size_t>(s.local_experts());
   const std::size_t r = static_cast<std::size_t>(s.world_size);
@@ -161,6 +172,13 @@ EPCOMM_HD constexpr plan plan_buffer(const shape& s) {
   p.sent_topk_idx = take(t * k * sizeof(std::int64_t));
   p.combine_weights = take(t * k * sizeof(float));
   p.combine_out = take(t * h * 2);
+  if (staging) {
+    const std::size_t e = static_cast<std::size_t>(s.num_experts);
+    p.send_records = take(e * t * record_bytes(s));
+    p.send_dispatch_counts = take(e * sizeof(count_word));
+    p.send_combine_counts = take(r * sizeof(count_word));
+    p.send_rejects = take(2 * sizeof(reject_record));
+  }
   p.parity_bytes = at;
   p.total = at * parities;
   return p;

@@ -1,0 +1,834 @@
+// The multi-process low-latency suite, once for every transport: 1-4 ranks,
+// bf16 and fp8 on the wire, the one-shot, split-phase and two-in-flight
+// paths, zero-copy combine, many back-to-back calls, bad input and failing
+// peers. Dispatch is checked exactly (fp8 against a host reference of the
+// cast), combine against float64 references. A test file instantiates it for
+// its transport with EPCOMM_LL_SUITE(T) (every case) or EPCOMM_LL_RMA_SUITE(T)
+// (the cases that exercise what differs over an RMA transport, on smaller
+// shapes); every case reports the transport and the provider the environment
+// selects, so a failure says which one failed.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "epcomm/bootstrap/local.hpp"
+#include "epcomm/low_latency.hpp"
+#include "support/ll_reference.hpp"
+
+namespace epcomm::test::ll {
+
+using test::routing;
+
+// The provider behind the transport type, as the environment selects it.
+inline std::string provider_environment() {
+  std::string s;
+  for (const char* v : {"FI_PROVIDER", "UCX_TLS"})
+    if (const char* value = std::getenv(v)) s += std::string(" ") + v + "=" + value;
+  return s;
+}
+
+// RMA transports run the cases on smaller shapes: CI's loopback fabrics, on
+// two shared cores, move bytes far slower than shared memory.
+template <class Transport>
+inline constexpr bool small_shapes = !peer_mapped_transport<Transport>;
+
+// True when every rank exited 0; prints the exit codes otherwise.
+inline bool all_ok(const std::vector<int>& codes, const std::string& what) {
+  bool ok = true;
+  for (int c : codes) ok = ok && c == 0;
+  if (!ok) {
+    std::fprintf(stderr, "case failed: %s; exit codes:", what.c_str());
+    for (int c : codes) std::fprintf(stderr, " %d", c);
+    std::fprintf(stderr, "\n");
+  }
+  return ok;
+}
+
+// One call of a case: tokens < 0 lets every rank draw its own count in
+// [0, max_tokens] (a new draw per call).
+struct call_spec {
+  int tokens;
+  int topk;
+  routing route = routing::random;
+  bool repeat_expert = false;
+};
+
+enum class path { one_shot, split, two_in_flight };
+
+struct ll_case {
+  int world = 1;
+  int hidden = 2048;
+  int experts = 8;
+  int max_topk = 8;
+  int max_tokens = 256;
+  std::vector<call_spec> calls;
+  path how = path::one_shot;
+  bool zero_copy = false;
+  bool round_scale = false;
+  int dispatch_only_every = 0;  // every n-th call (pair) skips combine
+  bool jitter = false;          // ranks sleep at random between calls
+  std::uint64_t seed = 1;
+};
+
+template <class Wire>
+std::string describe(const ll_case& c) {
+  return std::string(token_traits<Wire>::name) + " world=" + std::to_string(c.world) +
+         " H=" + std::to_string(c.hidden) + " E=" + std::to_string(c.experts) +
+         " max_tokens=" + std::to_string(c.max_tokens) +
+         " calls=" + std::to_string(c.calls.size()) +
+         " path=" + std::to_string(static_cast<int>(c.how)) +
+         " zero_copy=" + std::to_string(c.zero_copy) + " seed=" + std::to_string(c.seed);
+}
+
+inline test::ll_call make_call(const ll_case& c, const call_spec& spec, std::uint64_t seed) {
+  std::vector<int> tokens(c.world, spec.tokens);
+  if (spec.tokens < 0)
+    for (int r = 0; r < c.world; ++r)
+      tokens[r] = static_cast<int>(test::hash(seed, r, 0x70) % (c.max_tokens + 1));
+  return test::make_ll_call(c.world, c.hidden, spec.topk, c.experts, tokens, spec.route, seed,
+                            spec.repeat_expert);
+}
+
+inline low_latency_config config_of(const ll_case& c) {
+  return {c.experts, c.hidden, c.max_topk, c.max_tokens, c.round_scale, std::chrono::seconds(30)};
+}
+
+// Runs every call of `c` on this rank and checks each result; returns the
+// process exit code (0 = every check passed).
+template <class Transport, class Wire>
+int run_rank(local_bootstrap& boot, const ll_case& c) {
+  const int rank = boot.rank();
+  low_latency_buffer<Transport, Wire> buf(boot, config_of(c));
+  const int el = c.experts / c.world;
+  const std::size_t rows_per_expert = static_cast<std::size_t>(c.world) * c.max_tokens;
+  std::vector<bf16> own_y[2];
+  for (auto& y : own_y) y.resize(el * rows_per_expert * c.hidden);
+  std::vector<std::uint64_t> expected_recv(el, 0);
+  const std::string what = describe<Wire>(c);
+  std::string failure;
+  auto fail = [&](std::size_t call, const std::string& msg) {
+    if (failure.empty()) failure = "call " + std::to_string(call) + ": " + msg;
+  };
+
+  struct flight {
+    std::size_t index;
+    test::ll_call call;
+    ll_dispatch_result<Wire> res;
+    std::span<const bf16> y;
+  };
+  auto input = [&](const test::ll_call& call) {
+    const auto& in = call.in[rank];
+    return ll_dispatch_input{call.tokens[rank], call.topk, in.x, in.topk_idx};
+  };
+  auto check_dispatch = [&](flight& f) {
+    if (auto e = test::check_ll_dispatch(f.call, rank, c.world, c.max_tokens, c.round_scale, f.res);
+        !e.empty())
+      fail(f.index, "dispatch: " + e);
+    for (int le = 0; le < el; ++le) expected_recv[le] += f.res.recv_count[le];
+  };
+  // The expert outputs go into the combine send buffer (zero copy) or into a
+  // vector of the caller's; `slot` keeps two flights' vectors apart.
+  auto expert_outputs = [&](flight& f, int slot) {
+    std::span<bf16> y = c.zero_copy ? buf.combine_send_buffer(f.res.handle) : own_y[slot];
+    test::ll_expert_rows(f.res, rank, el, c.hidden, rows_per_expert, y);
+    f.y = y;
+  };
+  auto combine_input = [&](const flight& f) {
+    const auto& in = f.call.in[rank];
+    return ll_combine_input{f.y, in.topk_idx, in.topk_weights};
+  };
+  auto check_combine = [&](const flight& f, std::span<const bf16> out) {
+    if (auto e = test::check_ll_combine<Wire>(f.call, rank, c.round_scale, out); !e.empty())
+      fail(f.index, e);
+  };
+  auto combines = [&](std::size_t i) {
+    return c.dispatch_only_every == 0 || (i + 1) % c.dispatch_only_every != 0;
+  };
+  auto maybe_sleep = [&](std::size_t i) {
+    if (!c.jitter) return;
+    const auto h = test::hash(c.seed, rank, i, 0x51);
+    if (h % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200 + h % 2000));
+  };
+
+  for (std::size_t i = 0; i < c.calls.size() && failure.empty();) {
+    maybe_sleep(i);
+    if (c.how == path::two_in_flight && i + 1 < c.calls.size()) {
+      flight a{i, make_call(c, c.calls[i], c.seed + i), {}, {}};
+      flight b{i + 1, make_call(c, c.calls[i + 1], c.seed + i + 1), {}, {}};
+      auto hook_a = buf.low_latency_dispatch_send(input(a.call));
+      auto hook_b = buf.low_latency_dispatch_send(input(b.call));
+      b.res = hook_b();    // receive phases in either order
+      maybe_sleep(i + 1);  // a peer may meanwhile finish this pair and send the next
+      a.res = hook_a();
+      check_dispatch(a);
+      check_dispatch(b);
+      if (combines(i)) {
+        expert_outputs(a, 0);
+        expert_outputs(b, 1);
+        auto comb_a = buf.low_latency_combine_send(combine_input(a), a.res.handle);
+        maybe_sleep(i + 1);
+        auto comb_b = buf.low_latency_combine_send(combine_input(b), b.res.handle);
+        check_combine(b, comb_b());
+        check_combine(a, comb_a());
+      }
+      i += 2;
+      continue;
+    }
+    flight f{i, make_call(c, c.calls[i], c.seed + i), {}, {}};
+    if (c.how == path::one_shot) {
+      f.res = buf.low_latency_dispatch(input(f.call));
+    } else {
+      auto hook = buf.low_latency_dispatch_send(input(f.call));
+      maybe_sleep(i + 1);
+      f.res = hook();
+    }
+    check_dispatch(f);
+    if (combines(i)) {
+      expert_outputs(f, 0);
+      if (c.how == path::one_shot) {
+        check_combine(f, buf.low_latency_combine(combine_input(f), f.res.handle));
+      } else {
+        auto hook = buf.low_latency_combine_send(combine_input(f), f.res.handle);
+        check_combine(f, hook());
+      }
+    }
+    ++i;
+  }
+  if (failure.empty() && buf.stats().recv_tokens_per_expert != expected_recv)
+    failure = "stats: cumulative tokens per expert differ from the received counts";
+  if (!failure.empty()) {
+    std::fprintf(stderr, "rank %d [%s] %s\n", rank, what.c_str(), failure.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+template <class Transport, class Wire>
+bool run_case(const ll_case& c) {
+  const auto codes =
+      launch_local(c.world, [&](local_bootstrap& b) { return run_rank<Transport, Wire>(b, c); });
+  return all_ok(codes, describe<Wire>(c));
+}
+
+template <class Transport>
+bool run_both_wires(const ll_case& c) {
+  const bool bf = run_case<Transport, bf16>(c);
+  const bool f8 = run_case<Transport, fp8_e4m3>(c);
+  return bf && f8;
+}
+
+// Every rank runs fn(buffer) and must return 0.
+template <class Transport, class Wire = bf16>
+bool on_every_rank(
+    const ll_case& c,
+    const std::type_identity_t<std::function<int(low_latency_buffer<Transport, Wire>&, int rank)>>&
+        fn,
+    std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  const auto codes = launch_local(c.world, [&](local_bootstrap& boot) {
+    auto cfg = config_of(c);
+    cfg.timeout = timeout;
+    low_latency_buffer<Transport, Wire> buf(boot, cfg);
+    return fn(buf, boot.rank());
+  });
+  return all_ok(codes, describe<Wire>(c));
+}
+
+// One valid dispatch and combine, checked: the buffer still works.
+template <class Transport, class Wire>
+int still_works(low_latency_buffer<Transport, Wire>& buf, const ll_case& c, int rank,
+                std::uint64_t seed) {
+  const auto call = make_call(c, {5, 2}, seed);
+  const auto& in = call.in[rank];
+  const auto res = buf.low_latency_dispatch({call.tokens[rank], call.topk, in.x, in.topk_idx});
+  if (auto e = test::check_ll_dispatch(call, rank, c.world, c.max_tokens, false, res); !e.empty()) {
+    std::fprintf(stderr, "rank %d: after the error: %s\n", rank, e.c_str());
+    return 10;
+  }
+  auto y = buf.combine_send_buffer(res.handle);
+  test::ll_expert_rows(res, rank, c.experts / c.world, c.hidden,
+                       static_cast<std::size_t>(c.world) * c.max_tokens, y);
+  const auto out = buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
+  if (auto e = test::check_ll_combine<Wire>(call, rank, false, out); !e.empty()) {
+    std::fprintf(stderr, "rank %d: after the error: %s\n", rank, e.c_str());
+    return 11;
+  }
+  return 0;
+}
+
+// The error a call must raise: text it contains and the peer it names.
+inline int expect_error(int rank, const std::function<void()>& call, const std::string& text,
+                        int peer) {
+  try {
+    call();
+  } catch (const error& e) {
+    if (std::string(e.what()).find(text) != std::string::npos && e.peer() == peer) return 0;
+    std::fprintf(stderr, "rank %d: unexpected error (wanted \"%s\", peer %d): %s\n", rank,
+                 text.c_str(), peer, e.what());
+    return 2;
+  }
+  std::fprintf(stderr, "rank %d: no error (wanted \"%s\")\n", rank, text.c_str());
+  return 1;
+}
+
+}  // namespace epcomm::test::ll
+
+// Names the transport and its provider in every assertion of a case.
+#define EPCOMM_LL_CONTEXT(T) \
+  INFO("transport: ", doctest::toString<T>(), epcomm::test::ll::provider_environment())
+
+TEST_CASE_TEMPLATE_DEFINE("token counts from 0 to max_tokens_per_rank over 1-4 ranks, both wires",
+                          Transport, ll_counts) {
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  constexpr bool small = small_shapes<Transport>;
+  const int max = small ? 32 : 256;
+  const std::vector<call_spec> calls{{0, 1}, {1, 2}, {7, 4}, {max / 2, 8}, {max, 3}, {max, 8}};
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    ll_case c;
+    c.world = world;
+    c.hidden = small ? 512 : 2048;
+    c.experts = world == 3 ? 9 : 8;
+    c.max_tokens = max;
+    c.calls = calls;
+    c.seed = 100 + world;
+    CHECK(run_both_wires<Transport>(c));
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("wide hidden with few tokens", Transport, ll_wide) {
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  for (int world : {2, 4}) {
+    for (int hidden : {4096, 7168}) {
+      CAPTURE(world);
+      CAPTURE(hidden);
+      ll_case c;
+      c.world = world;
+      c.hidden = hidden;
+      c.max_tokens = 8;
+      c.experts = 16;
+      c.calls = {{1, 8}, {7, 8}, {8, 1}, {0, 4}};
+      c.seed = 200 + world + hidden;
+      CHECK(run_both_wires<Transport>(c));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("fp8 scales rounded to powers of two", Transport, ll_round_scale) {
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 2;
+  c.max_tokens = 64;
+  c.calls = {{64, 8}, {13, 2}};
+  c.round_scale = true;
+  c.seed = 300;
+  CHECK(run_case<Transport, epcomm::fp8_e4m3>(c));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("adversarial routing", Transport, ll_adversarial) {
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 4;
+  c.max_tokens = 32;
+  // one_expert fills expert 0's whole R * max_tokens rows.
+  c.calls = {{32, 8, routing::uneven},         {32, 1, routing::one_expert},
+             {32, 4, routing::none},           {32, 4, routing::starve_last},
+             {32, 2, routing::duplicate_rank}, {32, 6, routing::random, true},
+             {-1, 8, routing::uneven}};
+  c.seed = 400;
+  CHECK(run_both_wires<Transport>(c));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("100 back-to-back calls with new routings leave no stale state",
+                          Transport, ll_back_to_back) {
+  using namespace epcomm::test::ll;
+  using epcomm::bf16;
+  using epcomm::fp8_e4m3;
+  EPCOMM_LL_CONTEXT(Transport);
+  constexpr bool small = small_shapes<Transport>;
+  ll_case c;
+  c.world = 3;
+  c.hidden = small ? 512 : 2048;
+  c.experts = 6;
+  c.max_topk = 4;
+  c.max_tokens = small ? 8 : 24;
+  for (int i = 0; i < 100; ++i)
+    c.calls.push_back({-1, 1 + i % 4, i % 7 == 3 ? routing::uneven : routing::random});
+  c.dispatch_only_every = 5;
+  c.jitter = true;
+  c.seed = 500;
+  SUBCASE("one-shot") { CHECK(run_case<Transport, bf16>(c)); }
+  SUBCASE("split phase, zero copy") {
+    c.how = path::split;
+    c.zero_copy = true;
+    CHECK(run_case<Transport, fp8_e4m3>(c));
+  }
+  SUBCASE("two calls in flight") {
+    c.how = path::two_in_flight;
+    CHECK(run_case<Transport, bf16>(c));
+    c.zero_copy = true;
+    CHECK(run_case<Transport, fp8_e4m3>(c));
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("split phase gives the one-shot results bit for bit", Transport,
+                          ll_split_bitwise) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  constexpr bool small = small_shapes<Transport>;
+  ll_case c;
+  c.world = 3;
+  c.hidden = small ? 512 : 2048;
+  c.experts = 6;
+  c.max_topk = 4;
+  c.max_tokens = small ? 16 : 48;
+  c.seed = 600;
+  CHECK(on_every_rank<Transport, fp8_e4m3>(c, [&](auto& buf, int rank) {
+    const auto call = make_call(c, {-1, 4, routing::uneven}, 601);
+    const auto& in = call.in[rank];
+    const ll_dispatch_input din{call.tokens[rank], call.topk, in.x, in.topk_idx};
+    const int el = c.experts / c.world;
+    const std::size_t rpe = static_cast<std::size_t>(c.world) * c.max_tokens;
+    // Everything a call returns, copied out of the buffer's views.
+    auto snapshot = [&](const ll_dispatch_result<fp8_e4m3>& res, std::span<const bf16> out) {
+      std::vector<std::byte> s;
+      auto add = [&](auto span) {
+        const auto b = std::as_bytes(span);
+        s.insert(s.end(), b.begin(), b.end());
+      };
+      for (int le = 0; le < el; ++le) {  // only the valid rows: the rest is undefined
+        const std::size_t n = res.recv_count[le];
+        add(res.recv_x.subspan(le * rpe * c.hidden, n * c.hidden));
+        add(res.recv_x_scales.subspan(le * rpe * c.hidden / 128, n * c.hidden / 128));
+        add(res.recv_src.subspan(le * rpe, n));
+      }
+      add(res.recv_count);
+      add(res.recv_range);
+      add(out);
+      return s;
+    };
+    auto y_for = [&](const ll_dispatch_result<fp8_e4m3>& res) {
+      auto y = buf.combine_send_buffer(res.handle);
+      test::ll_expert_rows(res, rank, el, c.hidden, rpe, y);
+      return ll_combine_input{y, in.topk_idx, in.topk_weights};
+    };
+    const auto one = buf.low_latency_dispatch(din);
+    const auto one_out = buf.low_latency_combine(y_for(one), one.handle);
+    const auto reference = snapshot(one, one_out);
+    if (auto e = test::check_ll_combine<fp8_e4m3>(call, rank, false, one_out); !e.empty()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, e.c_str());
+      return 1;
+    }
+    auto hook = buf.low_latency_dispatch_send(din);
+    const auto split = hook();
+    auto comb = buf.low_latency_combine_send(y_for(split), split.handle);
+    if (snapshot(split, comb()) != reference) {
+      std::fprintf(stderr, "rank %d: split-phase results differ from one-shot\n", rank);
+      return 2;
+    }
+    return 0;
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("more tokens than max_tokens_per_rank fails every rank promptly",
+                          Transport, ll_too_many_tokens) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 3;
+  c.experts = 6;
+  c.max_topk = 4;
+  c.max_tokens = 16;
+  const auto start = steady::now();
+  CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
+    auto call = make_call(c, {16, 2}, 700);
+    std::vector<bf16> x17(17 * c.hidden);
+    std::vector<std::int64_t> idx17(17 * 2, 0);
+    ll_dispatch_input in{16, 2, call.in[rank].x, call.in[rank].topk_idx};
+    if (rank == 1) in = {17, 2, x17, idx17};
+    const int code = rank == 1
+                         ? expect_error(
+                               rank, [&] { buf.low_latency_dispatch(in); },
+                               "invalid input: 17 tokens exceed max_tokens_per_rank 16", no_peer)
+                         : expect_error(
+                               rank, [&] { buf.low_latency_dispatch(in); },
+                               "that rank rejected the call: 17 tokens exceed", 1);
+    return code != 0 ? code : still_works(buf, c, rank, 701);
+  }));
+  // The deadline is 20 s: agreement came from the count words, not a timeout.
+  CHECK(steady::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("an expert id out of range on one rank fails every rank", Transport,
+                          ll_bad_expert) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 4;
+  c.max_tokens = 8;
+  CHECK(on_every_rank<Transport, fp8_e4m3>(c, [&](auto& buf, int rank) {
+    auto call = make_call(c, {8, 2}, 800);
+    auto& in = call.in[rank];
+    if (rank == 3) in.topk_idx[5] = 8;
+    // The split path rejects in its send phase on the culprit and in the
+    // receive phase on the others.
+    const int code = expect_error(
+        rank,
+        [&] {
+          buf.low_latency_dispatch_send({8, 2, in.x, in.topk_idx})();
+        },
+        "topk_idx[2][1] = 8 is outside [-1, 8)", rank == 3 ? no_peer : 3);
+    return code != 0 ? code : still_works(buf, c, rank, 801);
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("an expert named more than max_tokens_per_rank times is rejected",
+                          Transport, ll_expert_overflow) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 2;
+  c.experts = 4;
+  c.max_topk = 2;
+  c.max_tokens = 8;
+  CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
+    // Rank 0's first `tokens` tokens name expert 3 (on rank 1) in both
+    // top-k slots, the others experts 0 and 1: two rows per token in region
+    // (3, rank 0), which has max_tokens slots.
+    auto doubled = [&](int tokens, std::uint64_t seed) {
+      auto call = make_call(c, {8, 2}, seed);
+      for (int t = 0; t < 8; ++t) {
+        call.in[0].topk_idx[2 * t] = t < tokens ? 3 : 0;
+        call.in[0].topk_idx[2 * t + 1] = t < tokens ? 3 : 1;
+      }
+      return call;
+    };
+    // Exactly full: accepted and checked.
+    const auto full = doubled(4, 1700);
+    const auto& in = full.in[rank];
+    const auto res = buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
+    if (auto e = test::check_ll_dispatch(full, rank, c.world, c.max_tokens, false, res);
+        !e.empty()) {
+      std::fprintf(stderr, "rank %d: a full region: %s\n", rank, e.c_str());
+      return 20;
+    }
+    auto y = buf.combine_send_buffer(res.handle);
+    test::ll_expert_rows(res, rank, c.experts / c.world, c.hidden,
+                         static_cast<std::size_t>(c.world) * c.max_tokens, y);
+    const auto out = buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
+    if (auto e = test::check_ll_combine<bf16>(full, rank, false, out); !e.empty()) {
+      std::fprintf(stderr, "rank %d: a full region: %s\n", rank, e.c_str());
+      return 21;
+    }
+    // One row more: rejected before any record moves.
+    const auto over = doubled(5, 1701);
+    const auto& bad = over.in[rank];
+    const int code = expect_error(
+        rank,
+        [&] {
+          buf.low_latency_dispatch({8, 2, bad.x, bad.topk_idx});
+        },
+        "expert 3 is named more than max_tokens_per_rank (8) times", rank == 0 ? no_peer : 0);
+    return code != 0 ? code : still_works(buf, c, rank, 1702);
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("bad combine input on one rank fails every rank", Transport,
+                          ll_bad_combine) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 3;
+  c.experts = 6;
+  c.max_topk = 4;
+  c.max_tokens = 8;
+  CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
+    auto call = make_call(c, {8, 2}, 900);
+    const auto& in = call.in[rank];
+    const auto res = buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
+    auto y = buf.combine_send_buffer(res.handle);
+    if (rank == 2) y = y.first(y.size() - 1);
+    const int code = expect_error(
+        rank,
+        [&] {
+          buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
+        },
+        "y holds", rank == 2 ? no_peer : 2);
+    return code != 0 ? code : still_works(buf, c, rank, 901);
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("topk_idx that differs from the dispatched one is rejected", Transport,
+                          ll_changed_topk) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 2;
+  c.max_tokens = 8;
+  CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
+    auto call = make_call(c, {8, 2}, 1000);
+    auto& in = call.in[rank];
+    const auto res = buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
+    if (rank == 0) in.topk_idx[3] = in.topk_idx[3] == 0 ? 1 : 0;
+    const int code = expect_error(
+        rank,
+        [&] {
+          buf.low_latency_combine(
+              {buf.combine_send_buffer(res.handle), in.topk_idx, in.topk_weights}, res.handle);
+        },
+        "topk_idx[1][1] differs from the dispatched id", rank == 0 ? no_peer : 0);
+    return code != 0 ? code : still_works(buf, c, rank, 1001);
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a stale handle is rejected on every rank", Transport, ll_stale_handle) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 2;
+  c.max_tokens = 8;
+  CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
+    auto call = make_call(c, {4, 2}, 1100);
+    const auto& in = call.in[rank];
+    const ll_dispatch_input din{4, 2, in.x, in.topk_idx};
+    const auto first = buf.low_latency_dispatch(din);
+    buf.low_latency_dispatch(din);
+    buf.low_latency_dispatch(din);  // parity 0 again: first's outputs are gone
+    const int code = expect_error(
+        rank,
+        [&] {
+          buf.low_latency_combine(
+              {buf.combine_send_buffer(first.handle), in.topk_idx, in.topk_weights}, first.handle);
+        },
+        "handle is stale", no_peer);
+    return code != 0 ? code : still_works(buf, c, rank, 1101);
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("misuse one rank can see alone throws before anything is sent", Transport,
+                          ll_misuse) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 2;
+  c.max_tokens = 8;
+  CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
+    auto call = make_call(c, {6, 2}, 1200);
+    const auto& in = call.in[rank];
+    const ll_dispatch_input din{6, 2, in.x, in.topk_idx};
+    auto a = buf.low_latency_dispatch_send(din);
+    auto b = buf.low_latency_dispatch_send(din);
+    int code = expect_error(
+        rank, [&] { buf.low_latency_dispatch_send(din); }, "at most two calls in flight", no_peer);
+    if (code != 0) return code;
+    const auto ra = a();
+    code = expect_error(
+        rank, [&] { a(); }, "receive hook already ran", no_peer);
+    if (code != 0) return code;
+    b();
+    const ll_combine_input cin{buf.combine_send_buffer(ra.handle), in.topk_idx, in.topk_weights};
+    buf.low_latency_combine(cin, ra.handle);
+    code = expect_error(
+        rank, [&] { buf.low_latency_combine(cin, ra.handle); }, "one combine per dispatch",
+        no_peer);
+    return code != 0 ? code : still_works(buf, c, rank, 1201);
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("statistics name the straggler", Transport, ll_stats) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 3;
+  c.experts = 6;
+  c.max_topk = 4;
+  c.max_tokens = 8;
+  CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
+    constexpr int straggler = 2;
+    auto call = make_call(c, {8, 3}, 1300);
+    const auto& in = call.in[rank];
+    if (rank == straggler) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto res = buf.low_latency_dispatch({8, 3, in.x, in.topk_idx});
+    if (rank == straggler) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto y = buf.combine_send_buffer(res.handle);
+    buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
+    const auto& st = buf.stats();
+    if (rank == straggler) return 0;
+    for (const auto* wait : {&st.dispatch_wait, &st.combine_wait}) {
+      if ((*wait)[straggler] < std::chrono::milliseconds(200)) {
+        std::fprintf(stderr, "rank %d: waited only %lld us for the straggler\n", rank,
+                     static_cast<long long>((*wait)[straggler].count() / 1000));
+        return 1;
+      }
+      for (int s = 0; s < c.world; ++s)
+        if (s != straggler && (*wait)[s] >= (*wait)[straggler]) return 2;
+    }
+    std::uint64_t total = 0;
+    for (auto n : st.recv_tokens_per_expert) total += n;
+    std::uint64_t want = 0;
+    for (auto n : res.recv_count) want += n;
+    return total == want ? 0 : 3;
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a peer that exits makes the survivors fail fast", Transport,
+                          ll_dead_peer) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 3;
+  c.experts = 6;
+  c.max_topk = 4;
+  c.max_tokens = 8;
+  // Over shared memory the survivors see the process gone; over a fabric the
+  // first sign may also be its goodbye or a failed write to it, depending on
+  // the provider. Each names the peer.
+  const std::string sign = peer_mapped_transport<Transport> ? "exited" : "";
+  const auto start = steady::now();
+  CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
+    if (rank == 1) return 0;  // leaves without dispatching
+    auto call = make_call(c, {8, 2}, 1400);
+    const auto& in = call.in[rank];
+    return expect_error(
+        rank,
+        [&] {
+          buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
+        },
+        sign, 1);
+  }));
+  CHECK(steady::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a rank that leaves after a dispatch-only call does not stall its peers",
+                          Transport, ll_teardown) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 2;
+  c.experts = 4;
+  c.max_topk = 2;
+  c.max_tokens = 8;
+  const auto codes = launch_local(c.world, [&](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    steady::time_point leaving;
+    {
+      low_latency_buffer<Transport> buf(boot, config_of(c));
+      const auto call = make_call(c, {8, 2}, 1800);
+      const auto& in = call.in[rank];
+      auto hook = buf.low_latency_dispatch_send({8, 2, in.x, in.topk_idx});
+      // Rank 1 releases rank 0's records late, after rank 0 began to leave:
+      // rank 0 must still be there to take that release.
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      const auto res = hook();
+      if (auto e = test::check_ll_dispatch(call, rank, c.world, c.max_tokens, false, res);
+          !e.empty()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.c_str());
+        return 1;
+      }
+      leaving = steady::now();
+    }
+    // A release left in flight to a closed peer would hold this teardown for
+    // the proxy's and the transport's drain timeouts (5 s each).
+    const auto took = steady::now() - leaving;
+    if (took > std::chrono::seconds(3)) {
+      std::fprintf(stderr, "rank %d: teardown took %lld ms\n", rank,
+                   static_cast<long long>(
+                       std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+      return 2;
+    }
+    return 0;
+  });
+  CHECK(all_ok(codes, "teardown after a dispatch-only call"));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a stalled peer gives a deadline error and an unusable buffer", Transport,
+                          ll_stalled_peer) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  ll_case c;
+  c.world = 2;
+  c.max_tokens = 8;
+  CHECK(on_every_rank<Transport>(
+      c,
+      [&](auto& buf, int rank) {
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          return 0;
+        }
+        auto call = make_call(c, {8, 2}, 1500);
+        const auto& in = call.in[rank];
+        const ll_dispatch_input din{8, 2, in.x, in.topk_idx};
+        const int code = expect_error(
+            rank, [&] { buf.low_latency_dispatch(din); },
+            "deadline expired waiting for dispatch records", 1);
+        if (code != 0) return code;
+        return expect_error(
+            rank, [&] { buf.low_latency_dispatch(din); }, "unusable", no_peer);
+      },
+      std::chrono::milliseconds(300)));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("configs that disagree fail at construction on every rank", Transport,
+                          ll_config_mismatch) {
+  using namespace epcomm;
+  using namespace epcomm::test::ll;
+  EPCOMM_LL_CONTEXT(Transport);
+  const auto codes = launch_local(3, [](local_bootstrap& boot) {
+    low_latency_config cfg{6, boot.rank() == 1 ? 256 : 128, 2, 8, false, std::chrono::seconds(5)};
+    return expect_error(
+        boot.rank(), [&] { low_latency_buffer<Transport> buf(boot, cfg); }, "config differs",
+        boot.rank() == 0 ? 1 : (boot.rank() == 1 ? 0 : 1));
+  });
+  CHECK(all_ok(codes, "config mismatch"));
+}
+
+// What differs over an RMA transport: staging and puts of records, count
+// words and rows (both wires, every rank count, zero copy and not), both
+// parities' proxy channels with two calls in flight, rejections carried by
+// puts, a lost peer, and teardown.
+#define EPCOMM_LL_RMA_SUITE(T)                      \
+  TEST_CASE_TEMPLATE_INVOKE(ll_counts, T);          \
+  TEST_CASE_TEMPLATE_INVOKE(ll_back_to_back, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(ll_split_bitwise, T);   \
+  TEST_CASE_TEMPLATE_INVOKE(ll_bad_expert, T);      \
+  TEST_CASE_TEMPLATE_INVOKE(ll_expert_overflow, T); \
+  TEST_CASE_TEMPLATE_INVOKE(ll_bad_combine, T);     \
+  TEST_CASE_TEMPLATE_INVOKE(ll_dead_peer, T);       \
+  TEST_CASE_TEMPLATE_INVOKE(ll_teardown, T)
+
+#define EPCOMM_LL_SUITE(T)                          \
+  EPCOMM_LL_RMA_SUITE(T);                           \
+  TEST_CASE_TEMPLATE_INVOKE(ll_wide, T);            \
+  TEST_CASE_TEMPLATE_INVOKE(ll_round_scale, T);     \
+  TEST_CASE_TEMPLATE_INVOKE(ll_adversarial, T);     \
+  TEST_CASE_TEMPLATE_INVOKE(ll_too_many_tokens, T); \
+  TEST_CASE_TEMPLATE_INVOKE(ll_changed_topk, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(ll_stale_handle, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(ll_misuse, T);          \
+  TEST_CASE_TEMPLATE_INVOKE(ll_stats, T);           \
+  TEST_CASE_TEMPLATE_INVOKE(ll_stalled_peer, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(ll_config_mismatch, T)
