@@ -207,6 +207,7 @@ template <class Wire, int Hidden>
 __global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a) {
   extern __shared__ __align__(16) std::byte smem[];
   __shared__ unsigned long long first_bad;  // lowest invalid topk_idx entry
+  __shared__ int first_overflow;            // lowest expert named more often than it has slots
   ll_report* rep = a.ws.rep;
   if (ll_is_broken(rep)) return;
   const wire::ll::shape& s = a.shape;
@@ -225,7 +226,10 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a)
   const token_range mine = token_chunk(a.num_tokens, gridDim.x, blockIdx.x);
 
   for (int e = threadIdx.x; e < experts; e += blockDim.x) next[e] = total[e] = 0;
-  if (threadIdx.x == 0) first_bad = ULLONG_MAX;
+  if (threadIdx.x == 0) {
+    first_bad = ULLONG_MAX;
+    first_overflow = INT_MAX;
+  }
   __syncthreads();
 
   bool ok = true;
@@ -249,7 +253,13 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a)
     }
   }
   if (__syncthreads_and(ok ? 1 : 0) == 0) return;
-  const bool valid = a.host_cause[0] == '\0' && first_bad == ULLONG_MAX;
+  // A region has max_tokens_per_rank slots; only tokens naming an expert twice
+  // can overflow it, and an overflowing call is rejected like a bad id.
+  for (int e = threadIdx.x; e < experts; e += blockDim.x)
+    if (total[e] > s.max_tokens_per_rank) atomicMin(&first_overflow, e);
+  __syncthreads();
+  const bool valid =
+      a.host_cause[0] == '\0' && first_bad == ULLONG_MAX && first_overflow == INT_MAX;
 
   if (valid) {
     for (int t = mine.first; t < mine.last; ++t) {
@@ -267,9 +277,11 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a)
     post_reject_records(a, wire::ll::reject_kind::dispatch, epoch, [&](char* cause) {
       if (a.host_cause[0] != '\0')
         copy_cause(cause, a.host_cause);
-      else
+      else if (first_bad != ULLONG_MAX)
         describe_invalid_expert(cause, wire::cause_bytes, static_cast<long long>(first_bad), k,
                                 a.topk_idx[first_bad], experts);
+      else
+        describe_expert_overflow(cause, wire::cause_bytes, first_overflow, s.max_tokens_per_rank);
     });
   const int per_rank = s.local_experts();
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {

@@ -64,6 +64,15 @@ EPCOMM_HD inline void describe_invalid_expert(char* out, int capacity, long long
                             << static_cast<long long>(num_experts) << ")";
 }
 
+// The low-latency host engine's text for a routing that names one expert more
+// often than its region has slots (only possible when a token names it twice).
+EPCOMM_HD inline void describe_expert_overflow(char* out, int capacity, long long expert,
+                                               int max_tokens_per_rank) {
+  cause_text(out, capacity) << "expert " << expert << " is named more than max_tokens_per_rank ("
+                            << static_cast<long long>(max_tokens_per_rank)
+                            << ") times: a token that names an expert twice takes two of its slots";
+}
+
 // The host engine's text for a combine input with fewer rows than were received.
 EPCOMM_HD inline void describe_short_y(char* out, int capacity, long long y_rows, int hidden,
                                        int num_recv_tokens) {
