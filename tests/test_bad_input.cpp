@@ -24,10 +24,13 @@ std::vector<int> expect_dispatch_error(const shape& s, const mutate& m, const st
                                        int culprit = -1, int max_tokens = 0) {
   return launch_local(s.world, [&](local_bootstrap& boot) {
     const int rank = boot.rank();
-    buffer_config cfg{s.experts, 512, s.topk, max_tokens > 0 ? max_tokens : s.tokens, 0, std::chrono::milliseconds(10'000)};
+    buffer_config cfg{s.experts, 512,
+                      s.topk,    max_tokens > 0 ? max_tokens : s.tokens,
+                      0,         std::chrono::milliseconds(10'000)};
     buffer<shm::transport, bf16> buf(boot, cfg);
     auto mine = test::make_input<bf16>(s, rank);
-    dispatch_input<bf16> in{s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights};
+    dispatch_input<bf16> in{s.tokens,    s.hidden,      s.topk,           mine.x,
+                            mine.scales, mine.topk_idx, mine.topk_weights};
     dispatch_options opt;
     m(rank, in, opt);
     try {
@@ -46,7 +49,8 @@ std::vector<int> expect_dispatch_error(const shape& s, const mutate& m, const st
     ok.tokens = cfg.max_tokens_per_rank;
     std::vector<test::rank_input<bf16>> all;
     for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<bf16>(ok, r));
-    dispatch_input<bf16> good{ok.tokens, ok.hidden, ok.topk, all[rank].x, {}, all[rank].topk_idx, all[rank].topk_weights};
+    dispatch_input<bf16> good{
+        ok.tokens, ok.hidden, ok.topk, all[rank].x, {}, all[rank].topk_idx, all[rank].topk_weights};
     const auto res = buf.dispatch(good);
     if (auto e = test::check_dispatch(ok, rank, all, res); !e.empty()) {
       std::fprintf(stderr, "rank %d: after the error: %s\n", rank, e.c_str());
@@ -56,9 +60,7 @@ std::vector<int> expect_dispatch_error(const shape& s, const mutate& m, const st
   });
 }
 
-bool all_zero(const std::vector<int>& codes) {
-  return test::all_ok(codes, "bad-input case");
-}
+bool all_zero(const std::vector<int>& codes) { return test::all_ok(codes, "bad-input case"); }
 
 }  // namespace
 
@@ -140,7 +142,8 @@ TEST_CASE("bad combine input on one rank fails every rank") {
   const auto codes = launch_local(s.world, [&](local_bootstrap& boot) {
     buffer<shm::transport, bf16> buf(boot, {6, 128, 2, 16, 0, std::chrono::milliseconds(5'000)});
     const auto mine = test::make_input<bf16>(s, boot.rank());
-    const auto res = buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+    const auto res =
+        buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
     auto y = test::expert_rows(res, s.hidden, boot.rank());
     if (boot.rank() == 0) y.resize(y.size() + 1);
     try {
@@ -184,7 +187,8 @@ TEST_CASE("a stalled peer gives a deadline error naming it") {
       buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
     } catch (const error& e) {
       const std::string w = e.what();
-      if (e.peer() == 1 && w.find("deadline expired waiting for notify counts") != std::string::npos) {
+      if (e.peer() == 1 &&
+          w.find("deadline expired waiting for notify counts") != std::string::npos) {
         // The buffer refuses further use rather than mixing epochs.
         try {
           buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
@@ -233,12 +237,15 @@ TEST_CASE("NaN and Inf payloads pass through untouched") {
   };
   const auto codes = launch_local(s.world, [&](local_bootstrap& boot) {
     const int rank = boot.rank();
-    buffer<shm::transport, bf16> buf(boot, {s.experts, s.hidden, s.topk, s.tokens, 0, std::chrono::milliseconds(5'000)});
+    buffer<shm::transport, bf16> buf(
+        boot, {s.experts, s.hidden, s.topk, s.tokens, 0, std::chrono::milliseconds(5'000)});
     std::vector<test::rank_input<bf16>> all;
     for (int r = 0; r < s.world; ++r) all.push_back(poisoned(r));
     const auto& mine = all[rank];
-    const auto res = buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
-    if (auto e = test::check_dispatch(s, rank, all, res); !e.empty()) {  // bit-exact, NaN payload too
+    const auto res =
+        buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+    if (auto e = test::check_dispatch(s, rank, all, res);
+        !e.empty()) {  // bit-exact, NaN payload too
       std::fprintf(stderr, "rank %d: %s\n", rank, e.c_str());
       return 1;
     }
@@ -249,7 +256,8 @@ TEST_CASE("NaN and Inf payloads pass through untouched") {
       bool routed = false;
       for (int k = 0; k < s.topk; ++k) routed = routed || mine.topk_idx[t * s.topk + k] >= 0;
       if (!routed) continue;
-      if (!std::isnan(to_float(out.x[t * s.hidden + 0])) || to_float(out.x[t * s.hidden + 1]) != INFINITY ||
+      if (!std::isnan(to_float(out.x[t * s.hidden + 0])) ||
+          to_float(out.x[t * s.hidden + 1]) != INFINITY ||
           to_float(out.x[t * s.hidden + 2]) != -INFINITY) {
         std::fprintf(stderr, "rank %d: token %d lost its NaN/Inf\n", rank, t);
         return 2;

@@ -52,8 +52,10 @@ TEST_CASE("layout invariants over random routings") {
         if (lay.in_rank(t, r)) CHECK(lay.position(t, r) == next++);
       CHECK(next == lay.tokens_per_rank[r]);
     }
-    const int entries = static_cast<int>(std::count_if(idx.begin(), idx.end(), [](auto e) { return e >= 0; }));
-    CHECK(std::accumulate(lay.tokens_per_expert.begin(), lay.tokens_per_expert.end(), 0) == entries);
+    const int entries =
+        static_cast<int>(std::count_if(idx.begin(), idx.end(), [](auto e) { return e >= 0; }));
+    CHECK(std::accumulate(lay.tokens_per_expert.begin(), lay.tokens_per_expert.end(), 0) ==
+          entries);
   }
 }
 

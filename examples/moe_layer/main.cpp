@@ -59,20 +59,31 @@ options parse(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0') usage(("not a number: " + v).c_str());
       return n;
     };
-    if (a == "--ranks") o.ranks = static_cast<int>(number());
-    else if (a == "--tokens") o.tokens = static_cast<int>(number());
-    else if (a == "--hidden") o.hidden = static_cast<int>(number());
-    else if (a == "--experts") o.experts = static_cast<int>(number());
-    else if (a == "--topk") o.topk = static_cast<int>(number());
-    else if (a == "--dtype") o.dtype = value();
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number());
-    else if (a == "--mode") o.mode = value();
-    else if (a == "--inject-routing-bug") o.inject_routing_bug = true;
-    else usage(("unknown flag " + a).c_str());
+    if (a == "--ranks")
+      o.ranks = static_cast<int>(number());
+    else if (a == "--tokens")
+      o.tokens = static_cast<int>(number());
+    else if (a == "--hidden")
+      o.hidden = static_cast<int>(number());
+    else if (a == "--experts")
+      o.experts = static_cast<int>(number());
+    else if (a == "--topk")
+      o.topk = static_cast<int>(number());
+    else if (a == "--dtype")
+      o.dtype = value();
+    else if (a == "--seed")
+      o.seed = static_cast<std::uint64_t>(number());
+    else if (a == "--mode")
+      o.mode = value();
+    else if (a == "--inject-routing-bug")
+      o.inject_routing_bug = true;
+    else
+      usage(("unknown flag " + a).c_str());
   }
   if (o.ranks < 1 || o.tokens < 0 || o.hidden < 1 || o.topk < 1 || o.topk > o.experts)
     usage("need ranks >= 1, tokens >= 0, hidden >= 1, 1 <= topk <= experts");
-  if (o.dtype != "bf16" && o.dtype != "fp8" && o.dtype != "fp32") usage("dtype must be bf16, fp8 or fp32");
+  if (o.dtype != "bf16" && o.dtype != "fp8" && o.dtype != "fp32")
+    usage("dtype must be bf16, fp8 or fp32");
   if (o.mode != "normal" && o.mode != "low-latency") usage("mode must be normal or low-latency");
   if (o.mode == "low-latency" && o.dtype == "fp32")
     usage("low-latency mode takes bf16 tokens and sends bf16 or fp8: dtype must be bf16 or fp8");
@@ -132,8 +143,9 @@ struct rank_stats {
 // (row_of(t, row) fills token t's values). Tolerance: one rounding of each
 // rank's (or expert's) partial sum to Out, one of the total.
 template <class Out, class RowOf>
-int count_mismatches(const options& o, int rank, const experts& ex, const std::vector<std::int64_t>& idx,
-                     const std::vector<float>& w, RowOf&& row_of, std::span<const Out> out) {
+int count_mismatches(const options& o, int rank, const experts& ex,
+                     const std::vector<std::int64_t>& idx, const std::vector<float>& w,
+                     RowOf&& row_of, std::span<const Out> out) {
   const int h = o.hidden;
   const double eps = std::is_same_v<Out, float> ? 1e-5 : std::ldexp(1.0, -7);
   std::vector<float> row(h);
@@ -143,14 +155,16 @@ int count_mismatches(const options& o, int rank, const experts& ex, const std::v
     for (int c = 0; c < h; ++c) {
       double ref = 0, mag = 0;
       for (int k = 0; k < o.topk; ++k) {
-        const double v = w[t * o.topk + k] * ex.apply(static_cast<int>(idx[t * o.topk + k]), row, c);
+        const double v =
+            w[t * o.topk + k] * ex.apply(static_cast<int>(idx[t * o.topk + k]), row, c);
         ref += v;
         mag += std::fabs(v);
       }
       const double got = epcomm::to_float(out[t * h + c]);
       if (std::fabs(got - ref) > eps * mag + 1e-6) {
         if (mismatches++ == 0)
-          std::fprintf(stderr, "rank %d: token %d channel %d: got %.6g, reference %.6g\n", rank, t, c, got, ref);
+          std::fprintf(stderr, "rank %d: token %d channel %d: got %.6g, reference %.6g\n", rank, t,
+                       c, got, ref);
       }
     }
   }
@@ -160,12 +174,14 @@ int count_mismatches(const options& o, int rank, const experts& ex, const std::v
 // Gathers every rank's numbers; rank 0 prints them.
 void report(epcomm::local_bootstrap& boot, const options& o, const rank_stats& mine) {
   using namespace epcomm;
-  const auto bytes = boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(default_timeout));
+  const auto bytes =
+      boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(default_timeout));
   std::vector<rank_stats> all(o.ranks);
   std::memcpy(all.data(), bytes.data(), bytes.size());
   if (boot.rank() == 0) {
-    std::printf("moe_layer: %s mode, %d ranks, %d tokens/rank, hidden %d, top-%d of %d experts, %s\n",
-                o.mode.c_str(), o.ranks, o.tokens, o.hidden, o.topk, o.experts, o.dtype.c_str());
+    std::printf(
+        "moe_layer: %s mode, %d ranks, %d tokens/rank, hidden %d, top-%d of %d experts, %s\n",
+        o.mode.c_str(), o.ranks, o.tokens, o.hidden, o.topk, o.experts, o.dtype.c_str());
     std::printf("%6s %8s %10s %10s %12s %12s %11s\n", "rank", "tokens", "rows sent", "rows recv",
                 "dispatch ms", "combine ms", "mismatches");
     for (int r = 0; r < o.ranks; ++r)
@@ -191,12 +207,14 @@ int run_rank(epcomm::local_bootstrap& boot, const options& o) {
   if constexpr (fp8) {
     scales.resize(static_cast<std::size_t>(o.tokens) * (h / fp8_block));
     for (int t = 0; t < o.tokens; ++t)
-      quantize_fp8_row(xf.data() + t * h, h, x.data() + t * h, scales.data() + t * (h / fp8_block), false);
+      quantize_fp8_row(xf.data() + t * h, h, x.data() + t * h, scales.data() + t * (h / fp8_block),
+                       false);
   } else {
     for (std::size_t i = 0; i < xf.size(); ++i) x[i] = from_float<Token>(xf[i]);
   }
   auto row_as_float = [&](const Token* row, const float* row_scales, std::vector<float>& out) {
-    for (int c = 0; c < h; ++c) out[c] = fp8 ? to_float(row[c]) * row_scales[c / fp8_block] : to_float(row[c]);
+    for (int c = 0; c < h; ++c)
+      out[c] = fp8 ? to_float(row[c]) * row_scales[c / fp8_block] : to_float(row[c]);
   };
   std::vector<std::int64_t> idx;
   std::vector<float> w;
@@ -219,14 +237,16 @@ int run_rank(epcomm::local_bootstrap& boot, const options& o) {
   std::vector<out_t> y(static_cast<std::size_t>(n) * h);
   std::vector<float> row(h);
   for (int i = 0; i < n; ++i) {
-    row_as_float(res.recv_x.data() + i * h, fp8 ? res.recv_x_scales.data() + i * (h / fp8_block) : nullptr, row);
+    row_as_float(res.recv_x.data() + i * h,
+                 fp8 ? res.recv_x_scales.data() + i * (h / fp8_block) : nullptr, row);
     for (int c = 0; c < h; ++c) {
       double acc = 0;
       for (int k = 0; k < o.topk; ++k) {
         std::int64_t local = res.recv_topk_idx[i * o.topk + k];
         if (local < 0) continue;
         if (o.inject_routing_bug && i == 0) local = (local + 1) % per_rank;
-        acc += res.recv_topk_weights[i * o.topk + k] * ex.apply(static_cast<int>(rank * per_rank + local), row, c);
+        acc += res.recv_topk_weights[i * o.topk + k] *
+               ex.apply(static_cast<int>(rank * per_rank + local), row, c);
       }
       y[i * h + c] = from_float<out_t>(static_cast<float>(acc));
     }
@@ -246,7 +266,9 @@ int run_rank(epcomm::local_bootstrap& boot, const options& o) {
   rank_stats mine{o.tokens,
                   std::accumulate(res.handle.count_matrix.begin() + rank * o.ranks,
                                   res.handle.count_matrix.begin() + (rank + 1) * o.ranks, 0),
-                  n, mismatches, std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                  n,
+                  mismatches,
+                  std::chrono::duration<double, std::milli>(t1 - t0).count(),
                   std::chrono::duration<double, std::milli>(t3 - t2).count()};
   report(boot, o, mine);
   return mismatches == 0 ? 0 : 1;
@@ -290,11 +312,13 @@ int run_low_latency_rank(epcomm::local_bootstrap& boot, const options& o) {
     for (int i = 0; i < res.recv_count[le]; ++i) {
       const std::size_t r = le * rows_per_expert + i;
       for (int c = 0; c < h; ++c)
-        row[c] = fp8 ? to_float(res.recv_x[r * h + c]) * res.recv_x_scales[r * (h / fp8_block) + c / fp8_block]
+        row[c] = fp8 ? to_float(res.recv_x[r * h + c]) *
+                           res.recv_x_scales[r * (h / fp8_block) + c / fp8_block]
                      : to_float(res.recv_x[r * h + c]);
       int expert = rank * per_rank + le;
       if (o.inject_routing_bug && le == 0 && i == 0) expert = (expert + 1) % o.experts;
-      for (int c = 0; c < h; ++c) y[r * h + c] = to_bf16(static_cast<float>(ex.apply(expert, row, c)));
+      for (int c = 0; c < h; ++c)
+        y[r * h + c] = to_bf16(static_cast<float>(ex.apply(expert, row, c)));
     }
     recv_rows += res.recv_count[le];
   }
@@ -319,9 +343,11 @@ int run_low_latency_rank(epcomm::local_bootstrap& boot, const options& o) {
       },
       out);
 
-  const int sent_rows = static_cast<int>(std::count_if(idx.begin(), idx.end(), [](auto e) { return e >= 0; }));
+  const int sent_rows =
+      static_cast<int>(std::count_if(idx.begin(), idx.end(), [](auto e) { return e >= 0; }));
   report(boot, o,
-         {o.tokens, sent_rows, recv_rows, mismatches, std::chrono::duration<double, std::milli>(t1 - t0).count(),
+         {o.tokens, sent_rows, recv_rows, mismatches,
+          std::chrono::duration<double, std::milli>(t1 - t0).count(),
           std::chrono::duration<double, std::milli>(t3 - t2).count()});
   return mismatches == 0 ? 0 : 1;
 }

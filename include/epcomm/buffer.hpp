@@ -25,8 +25,8 @@
 
 #include "epcomm/capacity_agreement.hpp"
 #include "epcomm/concepts.hpp"
-#include "epcomm/fault_injection.hpp"
 #include "epcomm/error.hpp"
+#include "epcomm/fault_injection.hpp"
 #include "epcomm/layout.hpp"
 #include "epcomm/normal_mode.hpp"
 #include "epcomm/proxy/engine.hpp"
@@ -37,7 +37,7 @@
 namespace epcomm {
 
 template <transport Transport, token_type Token>
-  requires peer_mapped_transport<Transport> || proxy::completion_counting<Transport>
+requires peer_mapped_transport<Transport> || proxy::completion_counting<Transport>
 class buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
   static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
@@ -48,8 +48,7 @@ class buffer {
 
   // Collective: every rank of `boot` constructs its buffer with the same config.
   template <bootstrap B>
-    requires transport_for<Transport, B>
-  buffer(B& boot, const buffer_config& cfg)
+  requires transport_for<Transport, B> buffer(B& boot, const buffer_config& cfg)
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
@@ -205,9 +204,11 @@ class buffer {
   }
 
   void ensure_usable(const char* op) const {
-    if (broken_) throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+    if (broken_)
+      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
     if constexpr (requires { transport_.aborted(); })
-      if (transport_.aborted()) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
+      if (transport_.aborted())
+        throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
   }
 
   // A transport failure (deadline, lost peer) leaves peers mid-protocol: the
@@ -272,16 +273,18 @@ class buffer {
     if (token_traits<Token>::has_scales && in.hidden % 128 != 0)
       return "hidden " + std::to_string(in.hidden) + " is not a multiple of 128 (fp8 scales)";
     if (in.topk < 1 || in.topk > cap_.max_topk)
-      return "topk " + std::to_string(in.topk) + " is outside [1, " + std::to_string(cap_.max_topk) + "]";
+      return "topk " + std::to_string(in.topk) + " is outside [1, " +
+             std::to_string(cap_.max_topk) + "]";
     if (in.x.size() != t * h)
-      return "x holds " + std::to_string(in.x.size()) + " elements, expected T*H = " + std::to_string(t * h);
+      return "x holds " + std::to_string(in.x.size()) +
+             " elements, expected T*H = " + std::to_string(t * h);
     const std::size_t scales = token_traits<Token>::has_scales ? t * (h / 128) : 0;
     if (in.x_scales.size() != scales)
       return "x_scales holds " + std::to_string(in.x_scales.size()) + " values, expected " +
              std::to_string(scales);
     if (in.topk_idx.size() != t * k)
-      return "topk_idx holds " + std::to_string(in.topk_idx.size()) + " ids, expected T*K = " +
-             std::to_string(t * k);
+      return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
+             " ids, expected T*K = " + std::to_string(t * k);
     if (in.topk_weights.size() != t * k)
       return "topk_weights holds " + std::to_string(in.topk_weights.size()) +
              " values, expected T*K = " + std::to_string(t * k);
@@ -353,9 +356,9 @@ class buffer {
                     "protocol mismatch: notify epoch " + std::to_string(h.epoch) + ", expected " +
                         std::to_string(epoch));
       if (h.state != wire::status::ok)
-        throw error(rank_, "dispatch", s == rank_ ? no_peer : s,
-                    std::string(s == rank_ ? "invalid input: " : "invalid input on that rank: ") +
-                        h.cause);
+        throw error(
+            rank_, "dispatch", s == rank_ ? no_peer : s,
+            std::string(s == rank_ ? "invalid input: " : "invalid input on that rank: ") + h.cause);
     }
     const auto& ref = peers[0].header;
     for (int s = 1; s < world_; ++s) {
@@ -432,13 +435,16 @@ class buffer {
                  reinterpret_cast<float*>(base + plan_.send_scales),
                  reinterpret_cast<std::int64_t*>(base + plan_.send_topk_idx),
                  reinterpret_cast<float*>(base + plan_.send_weights),
-                 reinterpret_cast<std::int32_t*>(base + plan_.send_src_idx), first};
+                 reinterpret_cast<std::int32_t*>(base + plan_.send_src_idx),
+                 first};
     } else {
       for (int r = 0; r < world_; ++r)
-        to[r] = {peer_array<Token>(r, plan_.recv_x), peer_array<float>(r, plan_.recv_scales),
+        to[r] = {peer_array<Token>(r, plan_.recv_x),
+                 peer_array<float>(r, plan_.recv_scales),
                  peer_array<std::int64_t>(r, plan_.recv_topk_idx),
                  peer_array<float>(r, plan_.recv_weights),
-                 peer_array<std::int32_t>(r, plan_.recv_src_idx), h.recv_offset(rank_, r)};
+                 peer_array<std::int32_t>(r, plan_.recv_src_idx),
+                 h.recv_offset(rank_, r)};
     }
     // Token-major: each source row is read once, while hot, for all its ranks.
     for (int t = 0; t < in.num_tokens; ++t) {
@@ -509,7 +515,9 @@ class buffer {
     std::fill(src + n, src + rows, -1);
     res.num_recv_tokens = n;
     res.recv_x = {reinterpret_cast<const Token*>(base + plan_.recv_x), rows * hidden};
-    if (nscales != 0) res.recv_x_scales = {reinterpret_cast<const float*>(base + plan_.recv_scales), rows * nscales};
+    if (nscales != 0)
+      res.recv_x_scales = {reinterpret_cast<const float*>(base + plan_.recv_scales),
+                           rows * nscales};
     res.recv_topk_idx = {idx, rows * k};
     res.recv_topk_weights = {weights, rows * k};
     res.recv_src_idx = {src, static_cast<std::size_t>(rows)};
@@ -528,22 +536,23 @@ class buffer {
     const std::size_t t = h.num_tokens;
     const std::size_t k = h.topk;
     if (in.y.size() % hidden != 0 || in.y.size() < h.num_recv_tokens * hidden)
-      return "y holds " + std::to_string(in.y.size()) + " elements, expected N*H with N >= " +
-             std::to_string(h.num_recv_tokens) + " rows of " + std::to_string(hidden);
+      return "y holds " + std::to_string(in.y.size()) +
+             " elements, expected N*H with N >= " + std::to_string(h.num_recv_tokens) +
+             " rows of " + std::to_string(hidden);
     const std::size_t rows = in.y.size() / hidden;
     if (in.topk_weights && in.topk_weights->size() != rows * k)
-      return "topk_weights holds " + std::to_string(in.topk_weights->size()) + " values, expected " +
-             std::to_string(rows * k) + " (rows of y times topk)";
+      return "topk_weights holds " + std::to_string(in.topk_weights->size()) +
+             " values, expected " + std::to_string(rows * k) + " (rows of y times topk)";
     for (auto bias : {in.bias_0, in.bias_1})
       if (!bias.empty() && bias.size() != t * hidden)
-        return "bias holds " + std::to_string(bias.size()) + " elements, expected T*H = " +
-               std::to_string(t * hidden);
+        return "bias holds " + std::to_string(bias.size()) +
+               " elements, expected T*H = " + std::to_string(t * hidden);
     if (out_x.size() != t * hidden)
-      return "output holds " + std::to_string(out_x.size()) + " elements, expected T*H = " +
-             std::to_string(t * hidden);
+      return "output holds " + std::to_string(out_x.size()) +
+             " elements, expected T*H = " + std::to_string(t * hidden);
     if (in.topk_weights && out_weights.size() != t * k)
-      return "output weights hold " + std::to_string(out_weights.size()) + " values, expected T*K = " +
-             std::to_string(t * k);
+      return "output weights hold " + std::to_string(out_weights.size()) +
+             " values, expected T*K = " + std::to_string(t * k);
     return {};
   }
 
@@ -573,7 +582,8 @@ class buffer {
     const std::byte* base = transport_.local_buffer().data() + plan_.combine_status;
     std::vector<wire::combine_header> all(world_);
     for (int s = 0; s < world_; ++s)
-      std::memcpy(&all[s], base + s * plan_.combine_status_slot_bytes, sizeof(wire::combine_header));
+      std::memcpy(&all[s], base + s * plan_.combine_status_slot_bytes,
+                  sizeof(wire::combine_header));
     for (int s = 0; s < world_; ++s) {
       if (all[s].epoch != epoch)
         throw error(rank_, "combine", s,

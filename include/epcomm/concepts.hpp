@@ -43,11 +43,11 @@ concept transport = requires(T& t, const T& ct, int peer, std::size_t slot, std:
 // peer's buffer through peer_ptr, for the peers is_peer_mapped says are on its
 // node.
 template <class T>
-concept peer_mapped_transport =
-    transport<T> && requires(T& t, const T& ct, int peer, std::size_t offset) {
-      { t.peer_ptr(peer, offset) } -> std::same_as<std::byte*>;
-      { ct.is_peer_mapped(peer) } -> std::same_as<bool>;
-    };
+concept peer_mapped_transport = transport<T> &&
+    requires(T& t, const T& ct, int peer, std::size_t offset) {
+  { t.peer_ptr(peer, offset) } -> std::same_as<std::byte*>;
+  { ct.is_peer_mapped(peer) } -> std::same_as<bool>;
+};
 
 // RMA (libfabric, UCX): one-sided writes from the local buffer into a peer's,
 // issued by a proxy thread (proxy::engine). put, put_signal, signal_add and
@@ -60,19 +60,19 @@ concept peer_mapped_transport =
 // signals. Those calls come from one thread at a time; wait() and barrier()
 // may run on another thread meanwhile.
 template <class T>
-concept rma_transport =
-    transport<T> && requires(T& t, int peer, std::size_t local_off, std::size_t remote_off,
-                             std::size_t bytes, std::size_t slot, std::uint64_t n) {
-      { t.put(peer, local_off, remote_off, bytes) } -> std::same_as<void>;
-      { t.put_signal(peer, local_off, remote_off, bytes, slot, n) } -> std::same_as<void>;
-      { t.flush(peer) } -> std::same_as<void>;
-      { t.progress() } -> std::same_as<void>;
-    };
+concept rma_transport = transport<T> &&
+    requires(T& t, int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
+             std::size_t slot, std::uint64_t n) {
+  { t.put(peer, local_off, remote_off, bytes) } -> std::same_as<void>;
+  { t.put_signal(peer, local_off, remote_off, bytes, slot, n) } -> std::same_as<void>;
+  { t.flush(peer) } -> std::same_as<void>;
+  { t.progress() } -> std::same_as<void>;
+};
 
 // A transport that can be brought up from bootstrap B: every rank constructs
 // it with the same buffer size and signal count, collectively.
 template <class T, class B>
 concept transport_for = transport<T> && bootstrap<B> &&
-                        std::constructible_from<T, B&, std::size_t, std::size_t, deadline>;
+    std::constructible_from<T, B&, std::size_t, std::size_t, deadline>;
 
 }  // namespace epcomm

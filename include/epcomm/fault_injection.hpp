@@ -41,10 +41,14 @@ struct plan {
 
 inline const char* name(point p) {
   switch (p) {
-    case point::before_notify: return "before_notify";
-    case point::mid_dispatch: return "mid_dispatch";
-    case point::mid_combine: return "mid_combine";
-    case point::low_latency: return "low_latency";
+    case point::before_notify:
+      return "before_notify";
+    case point::mid_dispatch:
+      return "mid_dispatch";
+    case point::mid_combine:
+      return "mid_combine";
+    case point::low_latency:
+      return "low_latency";
   }
   return "?";
 }
@@ -54,7 +58,8 @@ inline const char* name(point p) {
 inline plan parse(std::string_view spec) {
   plan p;
   auto bad = [&](const std::string& why) -> plan {
-    throw error(no_peer, "fault injection", no_peer, "EPCOMM_FAULT='" + std::string(spec) + "': " + why);
+    throw error(no_peer, "fault injection", no_peer,
+                "EPCOMM_FAULT='" + std::string(spec) + "': " + why);
   };
   while (!spec.empty()) {
     const auto comma = spec.find(',');
@@ -70,20 +75,32 @@ inline plan parse(std::string_view spec) {
       if (end == value.c_str() || *end != '\0' || v < 0) bad(key + " needs a non-negative integer");
       return v;
     };
-    if (key == "rank") p.rank = static_cast<int>(number());
-    else if (key == "stall_ms") p.stall = std::chrono::milliseconds(number());
-    else if (key == "hit") p.hit = static_cast<int>(number());
+    if (key == "rank")
+      p.rank = static_cast<int>(number());
+    else if (key == "stall_ms")
+      p.stall = std::chrono::milliseconds(number());
+    else if (key == "hit")
+      p.hit = static_cast<int>(number());
     else if (key == "point") {
-      if (value == "before_notify") p.at = point::before_notify;
-      else if (value == "mid_dispatch") p.at = point::mid_dispatch;
-      else if (value == "mid_combine") p.at = point::mid_combine;
-      else if (value == "low_latency") p.at = point::low_latency;
-      else return bad("unknown point '" + value + "'");
+      if (value == "before_notify")
+        p.at = point::before_notify;
+      else if (value == "mid_dispatch")
+        p.at = point::mid_dispatch;
+      else if (value == "mid_combine")
+        p.at = point::mid_combine;
+      else if (value == "low_latency")
+        p.at = point::low_latency;
+      else
+        return bad("unknown point '" + value + "'");
     } else if (key == "action") {
-      if (value == "exit") p.what = action::exit;
-      else if (value == "stall") p.what = action::stall;
-      else if (value == "drop") p.what = action::drop;
-      else return bad("unknown action '" + value + "'");
+      if (value == "exit")
+        p.what = action::exit;
+      else if (value == "stall")
+        p.what = action::stall;
+      else if (value == "drop")
+        p.what = action::drop;
+      else
+        return bad("unknown action '" + value + "'");
     } else {
       return bad("unknown field '" + key + "'");
     }
@@ -126,7 +143,8 @@ void inject(point at, int rank, const char* op, Abort&& abort_transport) {
       return;
     case action::drop:
       abort_transport();
-      throw error(rank, op, no_peer, std::string("transport dropped by fault injection at ") + name(at));
+      throw error(rank, op, no_peer,
+                  std::string("transport dropped by fault injection at ") + name(at));
   }
 }
 

@@ -31,10 +31,10 @@ struct dispatch_input {
   int num_tokens = 0;
   int hidden = 0;
   int topk = 0;
-  std::span<const Token> x;                   // [T][H]
-  std::span<const float> x_scales;            // [T][H/128] for fp8, else empty
-  std::span<const std::int64_t> topk_idx;     // [T][K], -1 = no expert
-  std::span<const float> topk_weights;        // [T][K]
+  std::span<const Token> x;                // [T][H]
+  std::span<const float> x_scales;         // [T][H/128] for fp8, else empty
+  std::span<const std::int64_t> topk_idx;  // [T][K], -1 = no expert
+  std::span<const float> topk_weights;     // [T][K]
 };
 
 struct dispatch_options {
@@ -75,9 +75,9 @@ struct dispatch_handle {
 // the buffer and stay valid until the next dispatch on it.
 template <token_type Token>
 struct dispatch_result {
-  int num_recv_tokens = 0;                  // real rows; the spans may be padded
-  std::span<const Token> recv_x;            // [N][H]
-  std::span<const float> recv_x_scales;     // [N][H/128] for fp8
+  int num_recv_tokens = 0;                      // real rows; the spans may be padded
+  std::span<const Token> recv_x;                // [N][H]
+  std::span<const float> recv_x_scales;         // [N][H/128] for fp8
   std::span<const std::int64_t> recv_topk_idx;  // [N][K], local expert ids, -1 elsewhere
   std::span<const float> recv_topk_weights;     // [N][K], 0 where the id is -1
   std::span<const std::int32_t> recv_src_idx;   // [N] token index on its source rank
@@ -87,12 +87,12 @@ struct dispatch_result {
 
 template <class Out>
 struct combine_input {
-  std::span<const Out> y;                     // [N][H], aligned with what this rank received
+  std::span<const Out> y;  // [N][H], aligned with what this rank received
   // [N][K] recv weights, summed back per source token; every rank passes them
   // or none does (a rank that received nothing passes an empty span).
   std::optional<std::span<const float>> topk_weights;
-  std::span<const Out> bias_0;                // optional [T][H], added to the result
-  std::span<const Out> bias_1;                // optional [T][H], added to the result
+  std::span<const Out> bias_0;  // optional [T][H], added to the result
+  std::span<const Out> bias_1;  // optional [T][H], added to the result
 };
 
 // Cumulative per-rank counters that point at stragglers.
@@ -102,8 +102,8 @@ struct buffer_stats {
 
 template <class Out>
 struct combine_result {
-  std::vector<Out> x;                  // [T][H]: sum over destination ranks, fp32 accumulation
-  std::vector<float> topk_weights;     // [T][K] when weights were given
+  std::vector<Out> x;               // [T][H]: sum over destination ranks, fp32 accumulation
+  std::vector<float> topk_weights;  // [T][K] when weights were given
 };
 
 }  // namespace epcomm

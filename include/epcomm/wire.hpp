@@ -44,9 +44,9 @@ struct notify_header {
   std::int32_t hidden;
   std::int32_t topk;
   std::int32_t num_experts;
-  std::int32_t token_id;      // token_traits<Token>::id
-  std::int32_t recv_bound;    // the sender's own worst-case receive bound, 0 = none
-  char cause[cause_bytes];    // NUL-terminated, set when state != ok
+  std::int32_t token_id;    // token_traits<Token>::id
+  std::int32_t recv_bound;  // the sender's own worst-case receive bound, 0 = none
+  char cause[cause_bytes];  // NUL-terminated, set when state != ok
 };
 
 // Posted by each rank before it receives combine rows, so that a rank whose
@@ -78,31 +78,31 @@ struct capacity {
 // structure of arrays sized by capacity; within an array, rows are packed with
 // the call's actual hidden / topk, so a receiver's arrays are dense [N][H].
 struct region_plan {
-  std::size_t notify;        // R slots of notify_slot_bytes
+  std::size_t notify;  // R slots of notify_slot_bytes
   std::size_t notify_slot_bytes;
   std::size_t combine_status;  // R slots of sizeof(combine_header), aligned
   std::size_t combine_status_slot_bytes;
-  std::size_t recv_x;        // [max_recv_tokens][max_hidden] tokens
-  std::size_t recv_scales;   // [max_recv_tokens][max_hidden/128] float
-  std::size_t recv_topk_idx; // [max_recv_tokens][max_topk] int64
-  std::size_t recv_weights;  // [max_recv_tokens][max_topk] float
-  std::size_t recv_src_idx;  // [max_recv_tokens] int32
-  std::size_t combine_x;     // [max_combine_rows][max_hidden] combine elements
-  std::size_t combine_weights; // [max_combine_rows][max_topk] float
+  std::size_t recv_x;           // [max_recv_tokens][max_hidden] tokens
+  std::size_t recv_scales;      // [max_recv_tokens][max_hidden/128] float
+  std::size_t recv_topk_idx;    // [max_recv_tokens][max_topk] int64
+  std::size_t recv_weights;     // [max_recv_tokens][max_topk] float
+  std::size_t recv_src_idx;     // [max_recv_tokens] int32
+  std::size_t combine_x;        // [max_combine_rows][max_hidden] combine elements
+  std::size_t combine_weights;  // [max_combine_rows][max_topk] float
   // Staging for RMA transports (zero unless planned with staging): what this
   // rank lays out in its own registered buffer for the proxy to put. The
   // send_* rows are dispatch's and the send_combine_* rows combine's; they
   // share one area, since a call stages only once the previous one's puts
   // are complete.
-  std::size_t send_notify;          // R slots of notify_slot_bytes, one per destination
-  std::size_t send_combine_status;  // one combine_status slot, the same for every peer
-  std::size_t send_x;               // [max_combine_rows][max_hidden] tokens, by destination
-  std::size_t send_scales;          // [max_combine_rows][max_hidden/128] float
-  std::size_t send_topk_idx;        // [max_combine_rows][max_topk] int64
-  std::size_t send_weights;         // [max_combine_rows][max_topk] float
-  std::size_t send_src_idx;         // [max_combine_rows] int32
-  std::size_t send_combine_x;       // [max_recv_tokens][max_hidden] combine elements
-  std::size_t send_combine_weights; // [max_recv_tokens][max_topk] float
+  std::size_t send_notify;           // R slots of notify_slot_bytes, one per destination
+  std::size_t send_combine_status;   // one combine_status slot, the same for every peer
+  std::size_t send_x;                // [max_combine_rows][max_hidden] tokens, by destination
+  std::size_t send_scales;           // [max_combine_rows][max_hidden/128] float
+  std::size_t send_topk_idx;         // [max_combine_rows][max_topk] int64
+  std::size_t send_weights;          // [max_combine_rows][max_topk] float
+  std::size_t send_src_idx;          // [max_combine_rows] int32
+  std::size_t send_combine_x;        // [max_recv_tokens][max_hidden] combine elements
+  std::size_t send_combine_weights;  // [max_recv_tokens][max_topk] float
   std::size_t total;
 };
 

@@ -16,7 +16,8 @@ int main() {
     std::vector<std::int64_t> idx(tokens * topk);
     std::vector<float> w(tokens * topk, 0.5f);
     for (int t = 0; t < tokens; ++t) {
-      for (int c = 0; c < hidden; ++c) x[t * hidden + c] = epcomm::to_bf16(static_cast<float>(t + 1));
+      for (int c = 0; c < hidden; ++c)
+        x[t * hidden + c] = epcomm::to_bf16(static_cast<float>(t + 1));
       idx[t * topk] = t % experts;            // one expert on either rank,
       idx[t * topk + 1] = (t + 1) % experts;  // so some tokens go to both
     }

@@ -36,8 +36,8 @@ void require(bool ok) {
 void check_plan(const epcomm::wire::capacity& c) {
   const auto p = epcomm::wire::plan_regions(c);
   // Regions are aligned, in order, and each fits before the next begins.
-  const std::size_t starts[] = {p.notify,        p.combine_status, p.recv_x,         p.recv_scales,
-                                p.recv_topk_idx, p.recv_weights,   p.recv_src_idx,   p.combine_x,
+  const std::size_t starts[] = {p.notify,          p.combine_status, p.recv_x,       p.recv_scales,
+                                p.recv_topk_idx,   p.recv_weights,   p.recv_src_idx, p.combine_x,
                                 p.combine_weights, p.total};
   for (std::size_t i = 0; i + 1 < std::size(starts); ++i) {
     require(starts[i] % epcomm::wire::alignment == 0);
@@ -86,12 +86,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     sent += next;
   }
   require(sent <= tokens * topo.world_size);
-  const int entries = static_cast<int>(std::count_if(idx.begin(), idx.end(), [](std::int64_t e) { return e >= 0; }));
-  require(std::accumulate(lay.tokens_per_expert.begin(), lay.tokens_per_expert.end(), 0) == entries);
+  const int entries = static_cast<int>(
+      std::count_if(idx.begin(), idx.end(), [](std::int64_t e) { return e >= 0; }));
+  require(std::accumulate(lay.tokens_per_expert.begin(), lay.tokens_per_expert.end(), 0) ==
+          entries);
 
-  epcomm::wire::capacity cap{topo.world_size, topo.num_experts, topo.hidden, topo.topk, tokens,
-                             tokens * topo.world_size, tokens * std::min(topo.topk, topo.world_size),
-                             1 + (topo.hidden & 3), 2, (topo.hidden % 128) == 0};
+  epcomm::wire::capacity cap{topo.world_size,
+                             topo.num_experts,
+                             topo.hidden,
+                             topo.topk,
+                             tokens,
+                             tokens * topo.world_size,
+                             tokens * std::min(topo.topk, topo.world_size),
+                             1 + (topo.hidden & 3),
+                             2,
+                             (topo.hidden % 128) == 0};
   check_plan(cap);
   return 0;
 }

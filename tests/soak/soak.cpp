@@ -40,11 +40,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const long v = std::strtol(argv[i + 1], nullptr, 10);
-    if (flag == "--iterations") o.iterations = v;
-    else if (flag == "--ranks") o.ranks = static_cast<int>(v);
-    else if (flag == "--tokens") o.tokens = static_cast<int>(v);
-    else if (flag == "--hidden") o.hidden = static_cast<int>(v);
-    else if (flag == "--max-rss-growth-kib") o.max_rss_growth_kib = v;
+    if (flag == "--iterations")
+      o.iterations = v;
+    else if (flag == "--ranks")
+      o.ranks = static_cast<int>(v);
+    else if (flag == "--tokens")
+      o.tokens = static_cast<int>(v);
+    else if (flag == "--hidden")
+      o.hidden = static_cast<int>(v);
+    else if (flag == "--max-rss-growth-kib")
+      o.max_rss_growth_kib = v;
     else {
       std::fprintf(stderr, "epcomm_soak: unknown flag %s\n", flag.c_str());
       return 2;
@@ -65,7 +70,8 @@ int main(int argc, char** argv) {
           std::vector<test::rank_input<bf16>> all;
           for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<bf16>(s, r));
           const auto& mine = all[rank];
-          const auto res = buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+          const auto res = buf.dispatch(
+              {s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
           if (auto e = test::check_dispatch(s, rank, all, res); !e.empty()) {
             std::fprintf(stderr, "rank %d iteration %ld dispatch: %s\n", rank, it, e.c_str());
             return 1;
@@ -78,10 +84,13 @@ int main(int argc, char** argv) {
           }
           if (it + 1 == warmup) rss_after_warmup = resident_kib();
         }
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const long growth = resident_kib() - rss_after_warmup;
-        std::printf("rank %d: %ld iterations in %.1f s (%.1f us each), resident memory %+ld KiB since warm-up\n",
-                    rank, o.iterations, secs, 1e6 * secs / static_cast<double>(o.iterations), growth);
+        std::printf(
+            "rank %d: %ld iterations in %.1f s (%.1f us each), resident memory %+ld KiB since "
+            "warm-up\n",
+            rank, o.iterations, secs, 1e6 * secs / static_cast<double>(o.iterations), growth);
         return growth <= o.max_rss_growth_kib ? 0 : 3;
       },
       {std::chrono::hours(2)});

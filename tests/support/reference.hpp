@@ -30,7 +30,8 @@ std::string check_dispatch(const shape& s, int rank, const std::vector<rank_inpu
                            const dispatch_result<Token>& res) {
   std::ostringstream err;
   const int per_rank = s.experts / s.world;
-  const std::size_t h = s.hidden, k = s.topk, ns = token_traits<Token>::has_scales ? h / fp8_block : 0;
+  const std::size_t h = s.hidden, k = s.topk,
+                    ns = token_traits<Token>::has_scales ? h / fp8_block : 0;
   std::vector<int> per_expert(per_rank, 0);
   int row = 0;
   for (int src = 0; src < s.world; ++src) {
@@ -50,15 +51,19 @@ std::string check_dispatch(const shape& s, int rank, const std::vector<rank_inpu
         continue;
       }
       auto fail = [&](const char* what) {
-        if (err.tellp() == 0) err << "row " << row << " (src rank " << src << ", token " << t << "): " << what;
+        if (err.tellp() == 0)
+          err << "row " << row << " (src rank " << src << ", token " << t << "): " << what;
       };
-      if (std::memcmp(res.recv_x.data() + row * h, in.x.data() + t * h, h * sizeof(Token)) != 0) fail("x differs");
-      if (ns && std::memcmp(res.recv_x_scales.data() + row * ns, in.scales.data() + t * ns, ns * 4) != 0)
+      if (std::memcmp(res.recv_x.data() + row * h, in.x.data() + t * h, h * sizeof(Token)) != 0)
+        fail("x differs");
+      if (ns &&
+          std::memcmp(res.recv_x_scales.data() + row * ns, in.scales.data() + t * ns, ns * 4) != 0)
         fail("scales differ");
       if (res.recv_src_idx[row] != t) fail("src_idx differs");
       for (std::size_t j = 0; j < k; ++j) {
         const auto e = in.topk_idx[t * k + j];
-        const std::int64_t local = e >= rank * per_rank && e < (rank + 1) * per_rank ? e - rank * per_rank : -1;
+        const std::int64_t local =
+            e >= rank * per_rank && e < (rank + 1) * per_rank ? e - rank * per_rank : -1;
         if (res.recv_topk_idx[row * k + j] != local) fail("topk_idx differs");
         const float w = local >= 0 ? in.topk_weights[t * k + j] : 0.0f;
         if (res.recv_topk_weights[row * k + j] != w) fail("topk_weights differ");
@@ -74,7 +79,8 @@ std::string check_dispatch(const shape& s, int rank, const std::vector<rank_inpu
 
 // y for this rank's received rows (as the expert would produce it).
 template <token_type Token>
-std::vector<combine_type_t<Token>> expert_rows(const dispatch_result<Token>& res, int hidden, int rank) {
+std::vector<combine_type_t<Token>> expert_rows(const dispatch_result<Token>& res, int hidden,
+                                               int rank) {
   using Out = combine_type_t<Token>;
   const std::size_t h = hidden, ns = token_traits<Token>::has_scales ? h / fp8_block : 0;
   const std::size_t rows = res.recv_x.size() / h;
@@ -82,7 +88,8 @@ std::vector<combine_type_t<Token>> expert_rows(const dispatch_result<Token>& res
   for (std::size_t r = 0; r < static_cast<std::size_t>(res.num_recv_tokens); ++r)
     for (std::size_t c = 0; c < h; ++c)
       y[r * h + c] = expert_output<Out>(res.recv_x.data() + r * h,
-                                        ns ? res.recv_x_scales.data() + r * ns : nullptr, static_cast<int>(c), rank);
+                                        ns ? res.recv_x_scales.data() + r * ns : nullptr,
+                                        static_cast<int>(c), rank);
   return y;
 }
 
@@ -91,7 +98,8 @@ std::string check_combine(const shape& s, const rank_input<Token>& in,
                           const combine_result<combine_type_t<Token>>& out) {
   using Out = combine_type_t<Token>;
   const int per_rank = s.experts / s.world;
-  const std::size_t h = s.hidden, k = s.topk, ns = token_traits<Token>::has_scales ? h / fp8_block : 0;
+  const std::size_t h = s.hidden, k = s.topk,
+                    ns = token_traits<Token>::has_scales ? h / fp8_block : 0;
   const double eps = std::is_same_v<Out, float> ? std::ldexp(1.0, -22) : std::ldexp(1.0, -7);
   for (int t = 0; t < s.tokens; ++t) {
     std::vector<bool> dest(s.world, false);
@@ -101,8 +109,8 @@ std::string check_combine(const shape& s, const rank_input<Token>& in,
       double ref = 0, mag = 0;
       for (int r = 0; r < s.world; ++r) {
         if (!dest[r]) continue;
-        const double v = to_float(expert_output<Out>(in.x.data() + t * h, ns ? in.scales.data() + t * ns : nullptr,
-                                                     static_cast<int>(c), r));
+        const double v = to_float(expert_output<Out>(
+            in.x.data() + t * h, ns ? in.scales.data() + t * ns : nullptr, static_cast<int>(c), r));
         ref += v;
         mag += std::fabs(v);
       }
@@ -114,7 +122,8 @@ std::string check_combine(const shape& s, const rank_input<Token>& in,
     for (std::size_t j = 0; j < k; ++j) {
       const float w = in.topk_idx[t * k + j] >= 0 ? in.topk_weights[t * k + j] : 0.0f;
       if (out.topk_weights[t * k + j] != w)
-        return "combined weight token " + std::to_string(t) + " slot " + std::to_string(j) + " differs";
+        return "combined weight token " + std::to_string(t) + " slot " + std::to_string(j) +
+               " differs";
     }
   }
   return {};

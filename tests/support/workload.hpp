@@ -21,7 +21,8 @@ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
   return x ^ (x >> 31);
 }
 
-inline std::uint64_t hash(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0, std::uint64_t d = 0) {
+inline std::uint64_t hash(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0,
+                          std::uint64_t d = 0) {
   return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
 }
 
@@ -29,22 +30,28 @@ inline std::uint64_t hash(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0,
 inline float uniform(std::uint64_t h) { return static_cast<float>(h >> 40) / (1 << 23) - 1.0f; }
 
 enum class routing {
-  random,        // k distinct experts per token, uniformly
-  uneven,        // 0..k valid experts per token, the rest -1
-  one_expert,    // every token picks expert 0 only
-  none,          // every id is -1
-  starve_last,   // no token picks an expert of the last rank
-  duplicate_rank // all k experts of a token on one rank (it still goes there once)
+  random,         // k distinct experts per token, uniformly
+  uneven,         // 0..k valid experts per token, the rest -1
+  one_expert,     // every token picks expert 0 only
+  none,           // every id is -1
+  starve_last,    // no token picks an expert of the last rank
+  duplicate_rank  // all k experts of a token on one rank (it still goes there once)
 };
 
 inline const char* name(routing r) {
   switch (r) {
-    case routing::random: return "random";
-    case routing::uneven: return "uneven";
-    case routing::one_expert: return "one_expert";
-    case routing::none: return "none";
-    case routing::starve_last: return "starve_last";
-    case routing::duplicate_rank: return "duplicate_rank";
+    case routing::random:
+      return "random";
+    case routing::uneven:
+      return "uneven";
+    case routing::one_expert:
+      return "one_expert";
+    case routing::none:
+      return "none";
+    case routing::starve_last:
+      return "starve_last";
+    case routing::duplicate_rank:
+      return "duplicate_rank";
   }
   return "?";
 }
@@ -61,8 +68,8 @@ struct shape {
 
 template <token_type Token>
 struct rank_input {
-  std::vector<Token> x;              // [T][H]
-  std::vector<float> scales;         // [T][H/128] for fp8
+  std::vector<Token> x;       // [T][H]
+  std::vector<float> scales;  // [T][H/128] for fp8
   std::vector<std::int64_t> topk_idx;
   std::vector<float> topk_weights;
 };
@@ -74,8 +81,11 @@ inline std::vector<std::int64_t> make_routing(const shape& s, int rank) {
     std::int64_t* row = idx.data() + static_cast<std::size_t>(t) * s.topk;
     const std::uint64_t h = hash(s.seed, rank, t, 0xabc);
     switch (s.route) {
-      case routing::none: break;
-      case routing::one_expert: row[0] = 0; break;
+      case routing::none:
+        break;
+      case routing::one_expert:
+        row[0] = 0;
+        break;
       case routing::random:
       case routing::uneven:
       case routing::starve_last:
@@ -115,7 +125,8 @@ rank_input<Token> make_input(const shape& s, int rank) {
   if constexpr (token_traits<Token>::has_scales) in.scales.resize(t * (h / fp8_block));
   for (std::size_t i = 0; i < t; ++i) {
     // Rows differ in magnitude so fp8 scales differ between blocks and tokens.
-    const float mag = 0.5f + 4.0f * uniform(hash(s.seed, rank, i, 7)) * uniform(hash(s.seed, rank, i, 8));
+    const float mag =
+        0.5f + 4.0f * uniform(hash(s.seed, rank, i, 7)) * uniform(hash(s.seed, rank, i, 8));
     for (std::size_t c = 0; c < h; ++c) row[c] = mag * uniform(hash(s.seed ^ 0x55, rank, i, c));
     if constexpr (token_traits<Token>::has_scales)
       quantize_fp8_row(row.data(), static_cast<int>(h), in.x.data() + i * h,
@@ -131,9 +142,10 @@ rank_input<Token> make_input(const shape& s, int rank) {
 }
 
 inline std::string describe(const shape& s, const char* dtype) {
-  return std::string(dtype) + " world=" + std::to_string(s.world) + " T=" + std::to_string(s.tokens) +
-         " H=" + std::to_string(s.hidden) + " K=" + std::to_string(s.topk) + " E=" +
-         std::to_string(s.experts) + " route=" + name(s.route) + " seed=" + std::to_string(s.seed);
+  return std::string(dtype) + " world=" + std::to_string(s.world) +
+         " T=" + std::to_string(s.tokens) + " H=" + std::to_string(s.hidden) +
+         " K=" + std::to_string(s.topk) + " E=" + std::to_string(s.experts) +
+         " route=" + name(s.route) + " seed=" + std::to_string(s.seed);
 }
 
 }  // namespace epcomm::test

@@ -45,9 +45,9 @@ namespace detail {
 // (alternating by round parity, so round k+1 never overwrites round k before
 // every rank has read it: no rank enters k+2 before all have finished k).
 struct alignas(64) local_rank_state {
-  std::uint64_t round;  // all_gather rounds this rank has published
+  std::uint64_t round;     // all_gather rounds this rank has published
   std::uint64_t bytes[2];  // size of its block, by round parity like the slots
-  std::uint32_t alive;  // cleared by the launcher when the rank has exited
+  std::uint32_t alive;     // cleared by the launcher when the rank has exited
 };
 
 struct local_area {
@@ -114,12 +114,14 @@ class local_bootstrap {
     if (mine.size() > area_.slot_bytes)
       throw error(rank_, "bootstrap all_gather", no_peer,
                   "block of " + std::to_string(mine.size()) + " bytes exceeds the launcher's " +
-                      std::to_string(area_.slot_bytes) + " (local_launch_options::max_gather_bytes)");
+                      std::to_string(area_.slot_bytes) +
+                      " (local_launch_options::max_gather_bytes)");
     const std::uint64_t round = ++round_;
     const int self = members_[rank_];
     auto* me = area_.state(self);
     if (!mine.empty()) std::memcpy(area_.slot(self, round), mine.data(), mine.size());
-    std::atomic_ref<std::uint64_t>(me->bytes[round & 1]).store(mine.size(), std::memory_order_relaxed);
+    std::atomic_ref<std::uint64_t>(me->bytes[round & 1])
+        .store(mine.size(), std::memory_order_relaxed);
     std::atomic_ref<std::uint64_t>(me->round).store(round, std::memory_order_release);
 
     std::vector<std::byte> out(mine.size() * members_.size());
@@ -130,18 +132,20 @@ class local_bootstrap {
       };
       auto alive = [&] {
         if (std::atomic_ref<std::uint32_t>(st->alive).load(std::memory_order_acquire) == 0)
-          throw error(rank_, "bootstrap all_gather", r, "rank exited before joining round " +
-                                                            std::to_string(round));
+          throw error(rank_, "bootstrap all_gather", r,
+                      "rank exited before joining round " + std::to_string(round));
       };
       if (!detail::spin_wait(published, dl, alive))
         throw error(rank_, "bootstrap all_gather", r,
                     "deadline expired waiting for round " + std::to_string(round));
-      const auto bytes = std::atomic_ref<std::uint64_t>(st->bytes[round & 1]).load(std::memory_order_relaxed);
+      const auto bytes =
+          std::atomic_ref<std::uint64_t>(st->bytes[round & 1]).load(std::memory_order_relaxed);
       if (bytes != mine.size())
         throw error(rank_, "bootstrap all_gather", r,
                     "block sizes disagree: " + std::to_string(bytes) + " bytes from the peer, " +
                         std::to_string(mine.size()) + " here");
-      if (!mine.empty()) std::memcpy(out.data() + r * mine.size(), area_.slot(members_[r], round), bytes);
+      if (!mine.empty())
+        std::memcpy(out.data() + r * mine.size(), area_.slot(members_[r], round), bytes);
     }
     return out;
   }

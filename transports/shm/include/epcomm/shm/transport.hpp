@@ -47,8 +47,10 @@ class transport {
         peers_(world_, nullptr),
         pids_(world_, 0) {
     std::string tag;
-    if constexpr (requires { boot.job_tag(); }) tag = boot.job_tag();
-    else tag = std::to_string(getpid()) + "x" + std::to_string(std::random_device{}());
+    if constexpr (requires { boot.job_tag(); })
+      tag = boot.job_tag();
+    else
+      tag = std::to_string(getpid()) + "x" + std::to_string(std::random_device{}());
     const std::string name = "/epcomm-" + tag + "-r" + std::to_string(rank_);
     std::vector<std::string> names;
     try {
@@ -77,9 +79,7 @@ class transport {
 
   bool is_peer_mapped(int peer) const { return peers_[peer] != nullptr; }
 
-  std::byte* peer_ptr(int peer, std::size_t offset) {
-    return peers_[peer] + data_offset_ + offset;
-  }
+  std::byte* peer_ptr(int peer, std::size_t offset) { return peers_[peer] + data_offset_ + offset; }
 
   void signal_add(int peer, std::size_t slot, std::uint64_t n) {
     counter(peer, slot).fetch_add(n, std::memory_order_release);
@@ -115,9 +115,7 @@ class transport {
                                  std::memory_order_acq_rel);
   }
 
-  bool aborted() const {
-    return counter(rank_, abort_slot()).load(std::memory_order_acquire) != 0;
-  }
+  bool aborted() const { return counter(rank_, abort_slot()).load(std::memory_order_acquire) != 0; }
 
   // A barrier over this node's ranks, on the transport's own signal slots.
   void barrier(deadline dl) {
