@@ -10,7 +10,10 @@
 //
 // A transport error stops the proxy: the error is latched here and in the
 // rings' `failed` words, and every later push or quiet rethrows it. Waits on
-// signals learn of it from the transport, which latches its own errors.
+// signals learn of it from the transport, which latches its own errors. A
+// transport that can serve() (progress without issuing anything) is still
+// progressed until the engine is destroyed, so that peers' operations on this
+// rank's memory complete even after it failed or aborted.
 #pragma once
 
 #include <sched.h>
@@ -141,8 +144,27 @@ class engine {
     } catch (const std::exception& e) {
       failure_.latch(error(transport_.rank(), "proxy", no_peer, e.what()));
     }
-    if (failure_.failed())
+    if (failure_.failed()) {
       for (auto& c : channels) c.consumer.mark_failed();
+      serve_until_stopped();
+    }
+  }
+
+  // After a failure nothing more is issued, but peers may still be writing
+  // to this rank: over UCX's emulated RMA (tcp) and libfabric's rxm their
+  // operations complete only when this rank progresses, and UCX aborts a
+  // process that, at its own teardown, finds requests whose senders have
+  // meanwhile closed. So the transport keeps being served until the buffer
+  // that owns this engine goes away.
+  void serve_until_stopped() {
+    if constexpr (requires { transport_.serve(); }) {
+      auto sleep = std::chrono::microseconds(1);
+      while (!stop_.load(std::memory_order_acquire)) {
+        transport_.serve();
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(sleep * 2, std::chrono::microseconds(1'000));
+      }
+    }
   }
 
   void drive(std::vector<channel_state>& channels) {

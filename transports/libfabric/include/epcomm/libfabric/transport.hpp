@@ -28,6 +28,12 @@
 // data is packed into 32 bits, the most EFA carries. Calls are serialized by
 // a mutex, so wait() and barrier() may run while a proxy thread issues
 // operations and progresses.
+//
+// abort() gives up on the group. Each peer gets one 8-byte write of this
+// rank's abort word (culprit + 2) into its abort-word array, carrying remote
+// CQ data on the peer's abort slot for this rank: the count says the word has
+// landed, the word names the rank to blame. The writes are posted, never
+// awaited, so a peer that stopped draining cannot hold abort() up.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -58,6 +64,7 @@
 #include "epcomm/error.hpp"
 #include "epcomm/proxy/completion_window.hpp"
 #include "epcomm/proxy/failure_latch.hpp"
+#include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/proxy/process_identity.hpp"
 
 namespace epcomm::libfabric {
@@ -98,7 +105,10 @@ class transport {
         bytes_(bytes),
         user_slots_(signal_slots),
         timeout_(effective_timeout(opt.timeout)),
-        counters_(signal_slots + 2 * static_cast<std::size_t>(boot.world_size())),
+        data_offset_(scratch_bytes +
+                     (static_cast<std::size_t>(boot.world_size()) * sizeof(std::uint64_t) + 63) /
+                         64 * 64),
+        counters_(signal_slots + 3 * static_cast<std::size_t>(boot.world_size())),
         peers_(boot.world_size()),
         processes_(boot.world_size()) {
     if (counters_.size() > max_signal_slots)
@@ -125,8 +135,8 @@ class transport {
   // already queued to them, while what was bound for a lost peer never leaves.
   ~transport() {
     std::unique_lock lock(mu_);
-    const auto budget =
-        failure_.failed() ? std::chrono::milliseconds(1'000) : std::chrono::milliseconds(5'000);
+    const auto budget = failure_.failed() || aborted() ? std::chrono::milliseconds(1'000)
+                                                       : std::chrono::milliseconds(5'000);
     const deadline dl = deadline::after(std::min(timeout_, budget));
     while (busy() && !dl.expired()) {
       try {
@@ -209,10 +219,28 @@ class transport {
     defer(peer, {deferred::kind::flush, 0, 0, ticket, peers_[peer].writes.opened()});
   }
 
+  // Fails, like a wait, once a peer has aborted: the proxy then stops and
+  // its producers learn why, even when what they wait for is their own
+  // operations (which an aborted peer may never acknowledge).
   void progress() {
     std::lock_guard lock(mu_);
-    failure_.rethrow();
+    check_usable("libfabric progress");
     progress_locked();
+    if (abort_notices_ != 0)
+      check_peer_aborts({"libfabric progress", no_peer, "its operations to complete"});
+  }
+
+  // Progress that issues nothing new and throws nothing (errors are
+  // latched), for a proxy whose work has ended in a failure or an abort:
+  // peers' writes to this rank still complete (rxm acknowledges them only
+  // when progressed), so their teardown is not held up.
+  void serve() {
+    std::lock_guard lock(mu_);
+    try {
+      progress_locked();
+    } catch (const error&) {
+      // Latched; serving goes on.
+    }
   }
 
   std::uint64_t completed() const {
@@ -225,6 +253,7 @@ class transport {
       throw error(rank_, site.op, site.peer,
                   "wait on signal slot " + std::to_string(slot) + " of " +
                       std::to_string(counters_.size()));
+    check_own_abort(site);
     auto ready = [&] {
       if (counter(slot) >= expected) return true;
       // Progress here too, so that waiting works with or without a proxy.
@@ -233,14 +262,19 @@ class transport {
           failure_.rethrow();
           progress_locked();
         } catch (const error&) {
-          blame_if_gone(site);  // the awaited peer's exit explains more than a knock-on error
+          // The awaited peer's exit, or a peer's abort naming the root
+          // cause, explains more than a knock-on error.
+          blame_if_gone(site);
+          check_peer_aborts(site);
           throw;
         }
       }
       return counter(slot) >= expected;
     };
     auto alive = [&] {
+      check_own_abort(site);
       blame_if_gone(site);
+      check_peer_aborts(site);
       failure_.rethrow();
     };
     if (!detail::spin_wait(ready, dl, alive))
@@ -256,7 +290,7 @@ class transport {
     std::uint64_t epoch;
     {
       std::lock_guard lock(mu_);
-      failure_.rethrow();
+      check_usable("barrier");
       epoch = ++barrier_epoch_;
       for (int p = 0; p < world_; ++p) {
         if (p == rank_)
@@ -270,10 +304,43 @@ class transport {
       wait(user_slots_ + p, epoch, dl, {"barrier", p, "barrier arrival"});
   }
 
+  // Gives up on the group: this rank's waiters (any thread; the proxy's
+  // progress() too) throw within about a millisecond, every later call
+  // fails, and every peer not known to have exited is sent this rank's abort
+  // word, so that a peer waiting in this transport throws an error naming
+  // `culprit` (the rank whose failure caused the abort; no_peer: the caller's
+  // own decision). The writes are posted, not awaited. Safe from any thread
+  // and after a failure; only the first call counts.
+  void abort(int culprit = no_peer) {
+    if (culprit < no_peer || culprit >= world_) culprit = no_peer;
+    const auto word = static_cast<std::uint64_t>(culprit + 2);
+    std::uint64_t expected = 0;
+    if (!abort_word_.compare_exchange_strong(expected, word, std::memory_order_acq_rel)) return;
+    std::lock_guard lock(mu_);
+    std::atomic_ref<std::uint64_t>(abort_words()[rank_]).store(word, std::memory_order_release);
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_ || proxy::exited(processes_[p], self_)) continue;
+      try {
+        post_abort(p);
+      } catch (const error&) {
+        // Latched; the other peers are still told.
+      }
+    }
+    try {
+      progress_locked();  // hands the writes to providers that send only when progressed
+    } catch (const error&) {
+      // Latched already; the abort stands.
+    }
+  }
+
+  bool aborted() const { return abort_word_.load(std::memory_order_acquire) != 0; }
+
  private:
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
   // The registered region starts with a scratch line: signal writes carry
   // their meaning in CQ data and write these 8 bytes, which nobody reads.
+  // Then one abort word per rank (what that rank's abort wrote here; this
+  // rank's own is the source of its abort writes), then the data.
   static constexpr std::size_t scratch_bytes = 64;
 
   // A signal or flush held back until every write issued to the peer before
@@ -316,7 +383,15 @@ class transport {
     proxy::process_identity process;
   };
 
-  std::byte* data() { return region_ + scratch_bytes; }
+  std::byte* data() { return region_ + data_offset_; }
+  std::uint64_t* abort_words() const {
+    return reinterpret_cast<std::uint64_t*>(region_ + scratch_bytes);
+  }
+
+  // Counter slots after the user's: barrier arrivals, connection hellos,
+  // abort notices, one of each per rank.
+  std::size_t hello_slot(int peer) const { return user_slots_ + world_ + peer; }
+  std::size_t abort_slot(int peer) const { return user_slots_ + 2 * world_ + peer; }
 
   std::uint64_t counter(std::size_t slot) const {
     return std::atomic_ref<const std::uint64_t>(counters_[slot]).load(std::memory_order_acquire);
@@ -333,6 +408,33 @@ class transport {
       fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
   }
 
+  // After abort() every call fails, saying so; after a failure, with its error.
+  void check_usable(const char* op) const {
+    if (aborted()) throw error(rank_, op, no_peer, "the transport was aborted (" + name_ + ")");
+    failure_.rethrow();
+  }
+
+  void check_own_abort(const wait_site& site) const {
+    if (aborted())
+      throw error(rank_, site.op, no_peer,
+                  std::string("aborted while waiting for ") + site.what + " (" + name_ + ")");
+  }
+
+  // A peer's abort notice has arrived (its CQ data counts only once the word
+  // has landed): the wait fails, naming the rank that peer blamed.
+  void check_peer_aborts(const wait_site& site) {
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_ || counter(abort_slot(p)) == 0) continue;
+      const std::uint64_t word =
+          std::atomic_ref<std::uint64_t>(abort_words()[p]).load(std::memory_order_acquire);
+      const int culprit = word >= 2 && word - 2 < static_cast<std::uint64_t>(world_)
+                              ? static_cast<int>(word - 2)
+                              : no_peer;
+      const auto b = proxy::peer_aborted(p, culprit, rank_, site.what);
+      fail(site.op, b.peer, b.cause);
+    }
+  }
+
   [[noreturn]] void fail(const char* op, int peer, const std::string& cause) {
     const error e(rank_, op, peer, cause + " (" + name_ + ")");
     failure_.latch(e);  // later calls report the first failure; this one reports its own
@@ -343,7 +445,7 @@ class transport {
   }
 
   void check_peer(const char* op, int peer) {
-    failure_.rethrow();
+    check_usable(op);
     if (peer < 0 || peer >= world_)
       fail(op, no_peer,
            "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(world_) + ")");
@@ -443,7 +545,7 @@ class transport {
   }
 
   void register_memory() {
-    region_length_ = (scratch_bytes + bytes_ + 4095) / 4096 * 4096;
+    region_length_ = (data_offset_ + bytes_ + 4095) / 4096 * 4096;
     // Page-aligned memory the process allocated: what FI_MR_ALLOCATED asks.
     void* p =
         mmap(nullptr, region_length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -530,19 +632,18 @@ class transport {
   // connectionless provider (EFA) just exchanges a few signals.
   void connect_in_order(const deadline& dl) {
     std::unique_lock lock(mu_);
-    const std::size_t hello = user_slots_ + world_;
-    for (int p = rank_ + 1; p < world_; ++p) post_signal(p, hello + rank_, 1, no_ticket);
+    for (int p = rank_ + 1; p < world_; ++p) post_signal(p, hello_slot(rank_), 1, no_ticket);
     auto connected = [&] {
       if (outstanding_ != 0) return false;
       for (int p = 0; p < rank_; ++p)
-        if (counter(hello + p) == 0) return false;
+        if (counter(hello_slot(p)) == 0) return false;
       return true;
     };
     while (!connected()) {
       progress_locked();
       if (dl.expired()) {
         int late = rank_ - 1;
-        while (late >= 0 && counter(hello + late) != 0) --late;
+        while (late >= 0 && counter(hello_slot(late)) != 0) --late;
         fail("libfabric setup", late >= 0 ? late : no_peer,
              "deadline expired while connecting to the other ranks");
       }
@@ -590,12 +691,31 @@ class transport {
                   std::uint64_t ticket, std::optional<std::uint64_t> cq_data) {
     auto& p = peers_[peer];
     posted* op = acquire(peer, ticket, p.writes.open(1));
-    post(op, data() + local_off, scratch_bytes + remote_off, bytes, cq_data);
+    post(op, data() + local_off, data_offset_ + remote_off, bytes, cq_data);
   }
 
   void post_signal(int peer, std::size_t slot, std::uint64_t n, std::uint64_t ticket) {
     posted* op = acquire(peer, ticket, no_ticket);
     post(op, region_, 0, sizeof(std::uint64_t), encode_signal(slot, n));
+  }
+
+  // This rank's abort word into its slot at `peer`, the CQ data saying it
+  // has landed. Ahead of anything the provider refused earlier: an abort
+  // must not queue behind a backlog to a peer that stopped draining.
+  void post_abort(int peer) {
+    posted* op = acquire(peer, no_ticket, no_ticket);
+    op->local = abort_words() + rank_;
+    op->remote_off = scratch_bytes + static_cast<std::uint64_t>(rank_) * sizeof(std::uint64_t);
+    op->bytes = sizeof(std::uint64_t);
+    op->cq_data = encode_signal(abort_slot(rank_), 1);
+    bool posted_now;
+    try {
+      posted_now = try_post(op);
+    } catch (const error&) {
+      release(op);  // the provider refused it for good: nothing to wait for at teardown
+      throw;
+    }
+    if (!posted_now) peers_[peer].backlog.push_front(op);
   }
 
   void post(posted* op, void* local, std::uint64_t remote_off, std::size_t bytes,
@@ -699,6 +819,7 @@ class transport {
                "incoming signal names slot " + std::to_string(slot) + " of " +
                    std::to_string(counters_.size()));
         add_local(slot, signal_increment_of(e.data));
+        if (slot >= abort_slot(0)) ++abort_notices_;
       }
       return;
     }
@@ -734,6 +855,7 @@ class transport {
   std::size_t bytes_;
   std::size_t user_slots_;
   std::chrono::milliseconds timeout_;
+  std::size_t data_offset_;  // of the data in the registered region: scratch, abort words
   std::string name_ = "libfabric";
   std::size_t max_write_ = 0;
 
@@ -751,16 +873,18 @@ class transport {
 
   mutable std::mutex mu_;
   proxy::failure_latch failure_;
-  // Local signal counters, read with acquire: the user's slots, then one
-  // barrier and one connection-hello slot per rank.
+  // Local signal counters, read with acquire: the user's slots, then per
+  // rank a barrier, a connection-hello and an abort slot.
   std::vector<std::uint64_t> counters_;
+  std::atomic<std::uint64_t> abort_word_{0};  // culprit + 2 once this rank aborted
   std::vector<peer_state> peers_;
   proxy::process_identity self_ = proxy::this_process();
   std::vector<proxy::process_identity> processes_;
   proxy::completion_window tickets_;  // numbered operations
   std::vector<std::unique_ptr<posted>> pool_;
   std::vector<posted*> free_;
-  std::size_t outstanding_ = 0;  // posted fabric operations not yet completed
+  std::size_t outstanding_ = 0;    // posted fabric operations not yet completed
+  std::size_t abort_notices_ = 0;  // peers' abort notices received
   std::uint64_t barrier_epoch_ = 0;
 };
 

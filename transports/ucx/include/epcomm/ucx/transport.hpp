@@ -18,6 +18,10 @@
 // completes with an error, latches an epcomm::error naming the peer. Calls are
 // serialized by a mutex (worker in UCS_THREAD_MODE_SERIALIZED), so wait() and
 // barrier() may run while a proxy thread issues operations and progresses.
+//
+// abort() is an early goodbye after a failure: the word, posted to every
+// peer and never awaited, names the rank to blame, and a peer waiting on any
+// rank fails as soon as such a word has landed.
 #pragma once
 
 #include <sys/mman.h>
@@ -43,6 +47,7 @@
 #include "epcomm/error.hpp"
 #include "epcomm/proxy/completion_window.hpp"
 #include "epcomm/proxy/failure_latch.hpp"
+#include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/proxy/process_identity.hpp"
 
 namespace epcomm::ucx {
@@ -65,7 +70,8 @@ class transport {
         slots_(signal_slots + 2 * static_cast<std::size_t>(boot.world_size())),
         timeout_(effective_timeout(opt.timeout)),
         peers_(boot.world_size()),
-        processes_(boot.world_size()) {
+        processes_(boot.world_size()),
+        said_goodbye_(boot.world_size(), false) {
     if (const char* tls = std::getenv("UCX_TLS")) {
       name_ += std::string("/") + tls;
       shared_memory_only_ = only_shared_memory(tls);
@@ -90,13 +96,14 @@ class transport {
   // that nobody still needs this rank's worker when it closes (UCX aborts a
   // process whose peer vanishes while it still serves that peer's requests).
   // A goodbye tells peers that a closing connection is a departure, and
-  // after a failure which peer it blames. Failed or not, the wait is short
-  // for a peer known lost.
+  // after a failure which peer it blames; after abort() it went out already.
+  // Failed or not, the wait is short for a peer known lost.
   ~transport() {
     {
       std::lock_guard lock(mu_);
-      const bool failed = failure_.failed();
-      const int culprit = failure_.culprit();
+      const std::uint64_t aborted_with = abort_word_.load(std::memory_order_acquire);
+      const bool failed = failure_.failed() || aborted_with != 0;
+      const int culprit = aborted_with != 0 ? culprit_of(aborted_with) : failure_.culprit();
       const deadline dl = deadline::after(std::min(
           timeout_, failed ? std::chrono::milliseconds(1'000) : std::chrono::milliseconds(5'000)));
       auto drain = [&](auto&& done) {
@@ -112,13 +119,10 @@ class transport {
         return p != rank_ && p != culprit && !proxy::exited(processes_[p], self_);
       };
       drain([&] { return outstanding_ == 0; });
-      const std::uint64_t goodbye =
-          failed
-              ? goodbye_after_failure + static_cast<std::uint64_t>(culprit >= 0 ? culprit : world_)
-              : goodbye_clean;
+      const std::uint64_t goodbye = failed ? failure_goodbye(culprit) : goodbye_clean;
       try {
         for (int p = 0; p < world_; ++p)
-          if (reachable(p)) post_goodbye(p, goodbye);
+          if (reachable(p) && !said_goodbye_[p]) post_goodbye(p, goodbye);
       } catch (const error&) {
         // Latched; the peers still get the others' goodbyes.
       }
@@ -195,10 +199,33 @@ class transport {
     track(op, ucp_ep_flush_nbx(peers_[peer].ep, &rp), "ucp_ep_flush_nbx");
   }
 
+  // Fails, like a wait, once a peer has aborted (its goodbye words are
+  // scanned about once a millisecond): the proxy then stops and its
+  // producers learn why, even when what they wait for is their own
+  // operations (which an aborted peer may never complete).
   void progress() {
     std::lock_guard lock(mu_);
-    failure_.rethrow();
+    check_usable("ucx progress");
     progress_locked();
+    if (const auto now = steady::now(); now >= next_abort_scan_) {
+      next_abort_scan_ = now + std::chrono::milliseconds(1);
+      check_peer_aborts({"ucx progress", no_peer, "its operations to complete"});
+    }
+  }
+
+  // Progress that issues nothing new and throws nothing (errors are
+  // latched), for a proxy whose work has ended in a failure or an abort:
+  // peers' puts and atomics on this rank's memory (emulated over tcp) are
+  // still served, so they complete and their senders can close before this
+  // rank does; UCX aborts a process that later finds requests whose senders
+  // have gone.
+  void serve() {
+    std::lock_guard lock(mu_);
+    try {
+      progress_locked();
+    } catch (const error&) {
+      // Latched; serving goes on.
+    }
   }
 
   std::uint64_t completed() const {
@@ -210,6 +237,7 @@ class transport {
     if (slot >= slots_)
       throw error(rank_, site.op, site.peer,
                   "wait on signal slot " + std::to_string(slot) + " of " + std::to_string(slots_));
+    check_own_abort(site);
     auto ready = [&] {
       if (counter(slot) >= expected) return true;
       // Progress here too, so that waiting works with or without a proxy.
@@ -218,15 +246,19 @@ class transport {
           failure_.rethrow();
           progress_locked();
         } catch (const error&) {
-          blame_if_gone(site, slot,
-                        expected);  // the awaited peer's exit explains more than a knock-on error
+          // The awaited peer's exit or departure, or a peer's abort naming
+          // the root cause, explains more than a knock-on error.
+          blame_if_gone(site, slot, expected);
+          check_peer_aborts(site);
           throw;
         }
       }
       return counter(slot) >= expected;
     };
     auto alive = [&] {
+      check_own_abort(site);
       blame_if_gone(site, slot, expected);
+      check_peer_aborts(site);
       failure_.rethrow();
     };
     if (!detail::spin_wait(ready, dl, alive))
@@ -242,7 +274,7 @@ class transport {
     std::uint64_t epoch;
     {
       std::lock_guard lock(mu_);
-      failure_.rethrow();
+      check_usable("barrier");
       epoch = ++barrier_epoch_;
       for (int p = 0; p < world_; ++p) {
         if (p == rank_)
@@ -254,6 +286,37 @@ class transport {
     for (int p = 0; p < world_; ++p)
       wait(user_slots_ + p, epoch, dl, {"barrier", p, "barrier arrival"});
   }
+
+  // Gives up on the group: this rank's waiters (any thread; the proxy's
+  // progress() too) throw within about a millisecond, every later call
+  // fails, and every peer not known to have exited gets this rank's goodbye
+  // after a failure blamed on `culprit` (no_peer: the caller's own decision),
+  // so that a peer waiting in this transport throws an error naming it. The
+  // puts are posted, not awaited; the destructor still waits (briefly) for
+  // them and for the peers' goodbyes. Safe from any thread and after a
+  // failure; only the first call counts.
+  void abort(int culprit = no_peer) {
+    if (culprit < no_peer || culprit >= world_) culprit = no_peer;
+    const std::uint64_t word = failure_goodbye(culprit);
+    std::uint64_t expected = 0;
+    if (!abort_word_.compare_exchange_strong(expected, word, std::memory_order_acq_rel)) return;
+    std::lock_guard lock(mu_);
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_ || said_goodbye_[p] || proxy::exited(processes_[p], self_)) continue;
+      try {
+        post_goodbye(p, word);
+      } catch (const error&) {
+        // Latched; the other peers are still told.
+      }
+    }
+    try {
+      progress_locked();  // sends what the transport sends only when progressed (tcp)
+    } catch (const error&) {
+      // Latched already; the abort stands.
+    }
+  }
+
+  bool aborted() const { return abort_word_.load(std::memory_order_acquire) != 0; }
 
  private:
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
@@ -318,25 +381,42 @@ class transport {
     std::atomic_ref<std::uint64_t>(*counter_word(slot)).fetch_add(n, std::memory_order_release);
   }
 
-  // A peer that exited on this host, or that said goodbye (closed its
-  // transport: everything it sent before has landed), fails the wait at once,
-  // naming the peer it blamed if it left after a failure; otherwise its loss
-  // shows as an endpoint error or, at worst, the deadline.
+  // The awaited peer exited on this host, or said a clean goodbye (closed
+  // its transport: everything it sent before has landed): the wait fails at
+  // once, naming it. Otherwise its loss shows as an endpoint error, a
+  // goodbye after a failure (check_peer_aborts) or, at worst, the deadline.
   void blame_if_gone(const wait_site& site, std::size_t slot, std::uint64_t expected) {
     if (site.peer < 0 || site.peer >= world_ || site.peer == rank_) return;
-    const std::uint64_t goodbye = counter(goodbye_slot(site.peer));
-    if (goodbye != 0 && counter(slot) < expected) {
-      const std::string gone = "peer " + std::to_string(site.peer) +
-                               " closed its transport while this rank waited for " + site.what;
-      if (goodbye == goodbye_clean) fail(site.op, site.peer, gone);
-      const std::uint64_t culprit = goodbye - goodbye_after_failure;
-      if (culprit < static_cast<std::uint64_t>(world_) &&
-          culprit != static_cast<std::uint64_t>(rank_))
-        fail(site.op, static_cast<int>(culprit), gone + ", after a failure it blames on this peer");
-      fail(site.op, site.peer, gone + ", after a failure");
-    }
+    if (counter(goodbye_slot(site.peer)) == goodbye_clean && counter(slot) < expected)
+      fail(site.op, site.peer,
+           "peer " + std::to_string(site.peer) +
+               " closed its transport while this rank waited for " + site.what);
     if (proxy::exited(processes_[site.peer], self_))
       fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
+  }
+
+  // After abort() every call fails, saying so; after a failure, with its error.
+  void check_usable(const char* op) const {
+    if (aborted()) throw error(rank_, op, no_peer, "the transport was aborted (" + name_ + ")");
+    failure_.rethrow();
+  }
+
+  void check_own_abort(const wait_site& site) const {
+    if (aborted())
+      throw error(rank_, site.op, no_peer,
+                  std::string("aborted while waiting for ") + site.what + " (" + name_ + ")");
+  }
+
+  // A peer gave up on the group (aborted, or closed after a failure): every
+  // wait fails, whichever peer it awaits, naming the rank that peer blamed.
+  void check_peer_aborts(const wait_site& site) {
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      const std::uint64_t goodbye = counter(goodbye_slot(p));
+      if (goodbye < goodbye_after_failure) continue;
+      const auto b = proxy::peer_aborted(p, culprit_of(goodbye), rank_, site.what);
+      fail(site.op, b.peer, b.cause);
+    }
   }
 
   [[noreturn]] void fail(const char* op, int peer, const std::string& cause) {
@@ -349,7 +429,7 @@ class transport {
   }
 
   void check_peer(const char* op, int peer) {
-    failure_.rethrow();
+    check_usable(op);
     if (peer < 0 || peer >= world_)
       fail(op, no_peer,
            "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(world_) + ")");
@@ -558,14 +638,26 @@ class transport {
   }
 
   // Goodbye words: 0 still here, goodbye_clean left after its work,
-  // goodbye_after_failure + c left after a failure blamed on peer c (c ==
-  // world: on none).
+  // goodbye_after_failure + c aborted or left after a failure blamed on peer
+  // c (c == world: on none).
   static constexpr std::uint64_t goodbye_clean = 1;
   static constexpr std::uint64_t goodbye_after_failure = 2;
 
+  std::uint64_t failure_goodbye(int culprit) const {
+    return goodbye_after_failure + static_cast<std::uint64_t>(culprit >= 0 ? culprit : world_);
+  }
+  // The peer a goodbye after a failure blames, or no_peer.
+  int culprit_of(std::uint64_t goodbye) const {
+    const std::uint64_t c = goodbye - goodbye_after_failure;
+    return goodbye >= goodbye_after_failure && c < static_cast<std::uint64_t>(world_)
+               ? static_cast<int>(c)
+               : no_peer;
+  }
+
   // Sets this rank's goodbye word at `peer` with a put, after everything
-  // issued before has completed there (the fence).
+  // issued before has completed there (the fence). Once per peer.
   void post_goodbye(int peer, std::uint64_t word) {
+    said_goodbye_[peer] = true;
     const ucs_status_t s = ucp_worker_fence(worker_);
     if (s != UCS_OK) fail_status("ucx teardown", peer, "ucp_worker_fence", s);
     op_record* op = acquire(peer, no_ticket);
@@ -670,10 +762,13 @@ class transport {
   std::vector<peer_state> peers_;
   proxy::process_identity self_ = proxy::this_process();
   std::vector<proxy::process_identity> processes_;
-  proxy::completion_window tickets_;  // numbered operations
+  std::vector<bool> said_goodbye_;            // this rank's goodbye is out to that peer
+  std::atomic<std::uint64_t> abort_word_{0};  // the goodbye abort() sent; 0 before
+  proxy::completion_window tickets_;          // numbered operations
   std::vector<std::unique_ptr<op_record>> pool_;
   std::vector<op_record*> free_;
-  std::size_t outstanding_ = 0;  // requests not yet completed
+  std::size_t outstanding_ = 0;           // requests not yet completed
+  steady::time_point next_abort_scan_{};  // progress() looks for peers' aborts from then on
   std::uint64_t barrier_epoch_ = 0;
 };
 

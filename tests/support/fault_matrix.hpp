@@ -1,0 +1,296 @@
+// The fault matrix, for any transport: one rank (the victim) exits, stalls or
+// drops its transport at a protocol point of its second call; every survivor
+// must get an epcomm::error naming the victim within the deadline plus a
+// small slack (exit and drop well before the deadline: the loss is detected
+// or the abort relayed, not timed out), nothing may hang or leak, and the
+// survivors must then re-form a group without the victim and compute correct
+// results. Each survivor's error and how long it took are reported per cell.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <initializer_list>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "epcomm/fault_injection.hpp"
+#include "epcomm/low_latency.hpp"
+#include "support/run_case.hpp"
+
+namespace epcomm::test::faults {
+
+inline constexpr int world = 3;
+inline constexpr int victim = 1;
+
+struct timing {
+  std::chrono::milliseconds deadline{1'000};  // of every wait in the group the fault hits
+  std::chrono::milliseconds stall{3'000};     // how long a stalled victim sleeps
+  std::chrono::milliseconds slack{2'500};     // allowed past the deadline
+};
+
+// A cell whose group could not even be set up within the short deadline (a
+// loaded machine; the fault fires only in the second call) is run again, at
+// most this many times in all, and reported.
+inline constexpr int setup_attempts = 3;
+
+// What one rank saw, written into memory it shares with the launching process.
+struct report {
+  std::int32_t set_up;       // 1 once the buffer was constructed
+  std::int64_t setup_us;     // the buffer's construction, under the short deadline
+  std::int64_t took_us;      // from the start of the faulty call to its error; -1: no error
+  std::int64_t teardown_us;  // from that error until the buffer was gone
+  std::int32_t peer;         // the peer that error named
+  char transport[64];        // the transport's own name ("libfabric/tcp;ofi_rxm")
+  char what[440];            // the error's text
+};
+
+// Exit codes that tell the launching process how a rank ended.
+inline constexpr int ok = 0, no_error = 10, wrong_result = 11, regroup_failed = 12, leaked = 13;
+
+// Reports of every rank, in anonymous shared memory the forked ranks inherit.
+class shared_reports {
+ public:
+  shared_reports() {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    at_ = static_cast<report*>(p);
+    clear();
+  }
+  shared_reports(const shared_reports&) = delete;
+  shared_reports& operator=(const shared_reports&) = delete;
+  ~shared_reports() { munmap(at_, bytes); }
+  report& operator[](int rank) { return at_[rank]; }
+  void clear() {
+    for (int r = 0; r < world; ++r) at_[r] = report{0, 0, -1, 0, no_peer, {}, {}};
+  }
+  // True when some rank failed while constructing its buffer.
+  bool setup_failed() const {
+    for (int r = 0; r < world; ++r)
+      if (!at_[r].set_up && at_[r].took_us >= 0) return true;
+    return false;
+  }
+
+ private:
+  static constexpr std::size_t bytes = sizeof(report) * world;
+  report* at_;
+};
+
+// One normal-mode call pair, checked against the reference.
+template <class Buffer>
+std::string normal_round(Buffer& buf, const shape& s, int rank) {
+  std::vector<rank_input<bf16>> all;
+  for (int r = 0; r < s.world; ++r) all.push_back(make_input<bf16>(s, r));
+  const auto& mine = all[rank];
+  const auto res =
+      buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+  if (auto e = check_dispatch(s, rank, all, res); !e.empty()) return e;
+  const auto y = expert_rows(res, s.hidden, rank);
+  return check_combine(s, mine, buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle));
+}
+
+// One low-latency call pair on uniform routing; combine checked for shape only
+// here (the low-latency suites check its values).
+template <class Buffer>
+void low_latency_round(Buffer& buf, const shape& s, int rank) {
+  const auto in = make_input<bf16>(s, rank);
+  const auto res = buf.low_latency_dispatch({s.tokens, s.topk, in.x, in.topk_idx});
+  const auto y = buf.combine_send_buffer(res.handle);
+  buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
+}
+
+// True when /dev/shm holds nothing of this launch (its regrouped groups'
+// tags extend it): checked by the ranks themselves, since the launcher
+// removes what is left once they have exited.
+inline bool no_segments_left(const std::string& job_tag) {
+  const std::string prefix = "epcomm-" + job_tag + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().starts_with(prefix)) {
+      std::fprintf(stderr, "left in /dev/shm: %s\n", e.path().c_str());
+      return false;
+    }
+  return true;
+}
+
+// Once the buffer is up: its transport's name and how long construction took.
+template <class Transport>
+void note_setup(report& out, Transport& t, steady::time_point began) {
+  std::snprintf(out.transport, sizeof out.transport, "%s", transport_name(t).c_str());
+  out.set_up = 1;
+  out.setup_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - began).count();
+}
+
+// What every rank runs: two rounds (the fault fires in the second), then,
+// on the survivors, a new group without the victim.
+template <class Transport>
+int run_rank(local_bootstrap& boot, fault::action what, fault::point at, const timing& tm,
+             report& out) {
+  const int rank = boot.rank();
+  shape s{world, 32, 256, 2, 2 * world, routing::random, 1};
+  // The short deadline covers the buffer's construction too, and starting a
+  // fabric library (libfabric loading its providers, UCX its transports)
+  // can take longer than that on a loaded machine: a first transport, built
+  // and dropped under a generous deadline, pays for it outside the group
+  // the fault hits.
+  {
+    const auto generous = std::chrono::milliseconds(30'000);
+    Transport warm_up(boot, 4096, 1, deadline::after(generous));
+    boot.barrier(deadline::after(generous));
+  }
+  // A round's error is timed where it is thrown: unwinding then tears the
+  // buffer down, which drains (bounded) what is still in flight.
+  auto start = steady::now();
+  std::optional<steady::time_point> failed_at;
+  auto timed = [&](auto&& round) {
+    start = steady::now();
+    try {
+      return round();
+    } catch (const error&) {
+      failed_at = steady::now();
+      // A dropping victim stays alive a while, its transport aborted but not
+      // yet closed: its peers must learn of the drop from the abort itself,
+      // not from the process or its connections going away.
+      if (rank == victim && what == fault::action::drop) std::this_thread::sleep_for(tm.deadline);
+      throw;
+    }
+  };
+  try {
+    if (at == fault::point::low_latency) {
+      low_latency_buffer<Transport> buf(
+          boot, {s.experts, s.hidden, s.topk, s.tokens, false, tm.deadline});
+      note_setup(out, buf.transport(), start);
+      for (int round = 0; round < 2; ++round) timed([&] { low_latency_round(buf, s, rank); });
+    } else {
+      buffer<Transport, bf16> buf(boot, {s.experts, s.hidden, s.topk, s.tokens, 0, tm.deadline});
+      note_setup(out, buf.transport(), start);
+      for (int round = 0; round < 2; ++round, ++s.seed)
+        if (auto e = timed([&] { return normal_round(buf, s, rank); }); !e.empty()) {
+          std::fprintf(stderr, "rank %d: wrong result before the fault: %s\n", rank, e.c_str());
+          return wrong_result;
+        }
+    }
+    return no_error;
+  } catch (const error& e) {
+    const auto now = steady::now();
+    const auto at_error = failed_at.value_or(now);
+    out.took_us = std::chrono::duration_cast<std::chrono::microseconds>(at_error - start).count();
+    out.teardown_us = std::chrono::duration_cast<std::chrono::microseconds>(now - at_error).count();
+    out.peer = e.peer();
+    std::snprintf(out.what, sizeof out.what, "%s", e.what());
+  }
+  // A stalled or dropped victim sees an error too (its peers gave up on
+  // it), which is expected; it takes no part in the new group.
+  if (rank == victim) return ok;
+
+  // Re-form without the victim: 2 ranks, experts redistributed over them.
+  // Ranks are renumbered, so the fault (aimed at rank 1) is disarmed first.
+  // Nothing fails here, so the deadline is a generous one.
+  fault::disarm();
+  const int lost[] = {victim};
+  local_bootstrap next = boot.regroup(lost);
+  {
+    shape t{next.world_size(), 48, 256, 2, 2 * next.world_size(), routing::uneven, 7};
+    buffer<Transport, bf16> fresh(
+        next, {t.experts, t.hidden, t.topk, t.tokens, 0, std::chrono::milliseconds(30'000)});
+    for (int round = 0; round < 3; ++round, ++t.seed)
+      if (auto e = normal_round(fresh, t, next.rank()); !e.empty()) {
+        std::fprintf(stderr, "rank %d after regroup: %s\n", rank, e.c_str());
+        return regroup_failed;
+      }
+  }
+  return no_segments_left(boot.job_tag()) ? ok : leaked;
+}
+
+inline const char* action_name(fault::action a) {
+  switch (a) {
+    case fault::action::exit:
+      return "exit";
+    case fault::action::stall:
+      return "stall";
+    case fault::action::drop:
+      return "drop";
+  }
+  return "?";
+}
+
+// One cell: runs the group with the fault armed, checks every rank's
+// outcome, and reports the survivors' errors and times.
+template <class Transport>
+void run_cell(fault::action what, fault::point at, const timing& tm) {
+  const std::string spec = "rank=" + std::to_string(victim) + ",point=" + fault::name(at) +
+                           ",action=" + action_name(what) +
+                           ",hit=2,stall_ms=" + std::to_string(tm.stall.count());
+  CAPTURE(spec);
+  shared_reports reports;
+  std::vector<int> codes;
+  auto begin = steady::now();
+  for (int attempt = 1;; ++attempt) {
+    reports.clear();
+    begin = steady::now();
+    codes = launch_local(world,
+                         [&](local_bootstrap& boot) {
+                           setenv("EPCOMM_FAULT", spec.c_str(), 1);
+                           return run_rank<Transport>(boot, what, at, tm, reports[boot.rank()]);
+                         },
+                         {std::chrono::seconds(60)});
+    if (!reports.setup_failed()) break;
+    for (int r = 0; r < world; ++r)
+      if (!reports[r].set_up) MESSAGE("attempt ", attempt, ": rank ", r, ": ", reports[r].what);
+    REQUIRE_MESSAGE(attempt < setup_attempts, "the group never came up within the deadline");
+  }
+  const auto elapsed = steady::now() - begin;
+
+  std::ostringstream summary;
+  summary << reports[0].transport << " " << action_name(what) << " @ " << fault::name(at) << ":";
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    const report& rep = reports[r];
+    const std::string text = rep.what;
+    CAPTURE(text);
+    if (r == victim) {
+      if (what == fault::action::exit)
+        CHECK(codes[r] == fault::exit_code);
+      else if (what == fault::action::stall)
+        // A straggler may still finish the call it stalled in (everything it
+        // waited for had arrived) or fail on seeing its peers' abort.
+        CHECK((codes[r] == ok || codes[r] == no_error));
+      else
+        CHECK(codes[r] == ok);
+      continue;
+    }
+    CHECK(codes[r] == ok);
+    const auto took = std::chrono::microseconds(rep.took_us);
+    CHECK(rep.took_us >= 0);
+    CHECK(rep.peer == victim);
+    CHECK(took <= tm.deadline + tm.slack);
+    // A lost or dropped victim is found, or its abort relayed, long before
+    // anyone's deadline: only a stall may take that long. A drop is learnt
+    // from the victim's abort, directly or relayed.
+    if (what != fault::action::stall) CHECK(text.find("deadline expired") == std::string::npos);
+    if (what == fault::action::drop) CHECK(text.find("aborted") != std::string::npos);
+    summary << "\n  rank " << r << " (set up in " << rep.setup_us / 1000 << " ms): error after "
+            << rep.took_us / 1000 << " ms, teardown " << rep.teardown_us / 1000 << " ms: " << text;
+  }
+  CHECK(elapsed < std::chrono::seconds(30));
+  summary << "\n  cell took "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count() << " ms";
+  MESSAGE(summary.str());
+}
+
+// Every (action, point) pair of the lists.
+template <class Transport>
+void run_matrix(std::initializer_list<fault::action> actions,
+                std::initializer_list<fault::point> points, const timing& tm = {}) {
+  for (auto at : points)
+    for (auto what : actions) run_cell<Transport>(what, at, tm);
+}
+
+}  // namespace epcomm::test::faults
