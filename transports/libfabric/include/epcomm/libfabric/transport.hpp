@@ -262,10 +262,11 @@ class transport {
           failure_.rethrow();
           progress_locked();
         } catch (const error&) {
-          // The awaited peer's exit, or a peer's abort naming the root
-          // cause, explains more than a knock-on error.
-          blame_if_gone(site);
+          // A peer's abort naming the root cause, or the awaited peer's
+          // exit, explains more than a knock-on error. Aborts first: the
+          // rank that relayed an abort may have exited since.
           check_peer_aborts(site);
+          blame_if_gone(site);
           throw;
         }
       }
@@ -273,8 +274,8 @@ class transport {
     };
     auto alive = [&] {
       check_own_abort(site);
-      blame_if_gone(site);
       check_peer_aborts(site);
+      blame_if_gone(site);
       failure_.rethrow();
     };
     if (!detail::spin_wait(ready, dl, alive))
