@@ -11,10 +11,12 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -265,18 +267,25 @@ int still_works(low_latency_buffer<Transport, Wire>& buf, const ll_case& c, int 
 }
 
 // The error a call must raise: text it contains and the peer it names.
+// The error must contain `text` and name one of `peers`.
 inline int expect_error(int rank, const std::function<void()>& call, const std::string& text,
-                        int peer) {
+                        std::initializer_list<int> peers) {
   try {
     call();
   } catch (const error& e) {
-    if (std::string(e.what()).find(text) != std::string::npos && e.peer() == peer) return 0;
-    std::fprintf(stderr, "rank %d: unexpected error (wanted \"%s\", peer %d): %s\n", rank,
-                 text.c_str(), peer, e.what());
+    if (std::string(e.what()).find(text) != std::string::npos &&
+        std::find(peers.begin(), peers.end(), e.peer()) != peers.end())
+      return 0;
+    std::fprintf(stderr, "rank %d: unexpected error (wanted \"%s\", peer %d%s): %s\n", rank,
+                 text.c_str(), *peers.begin(), peers.size() > 1 ? " or another" : "", e.what());
     return 2;
   }
   std::fprintf(stderr, "rank %d: no error (wanted \"%s\")\n", rank, text.c_str());
   return 1;
+}
+inline int expect_error(int rank, const std::function<void()>& call, const std::string& text,
+                        int peer) {
+  return expect_error(rank, call, text, {peer});
 }
 
 }  // namespace epcomm::test::ll
@@ -706,6 +715,13 @@ TEST_CASE_TEMPLATE_DEFINE("a peer that exits makes the survivors fail fast", Tra
   // first sign may also be its goodbye or a failed write to it, depending on
   // the provider. Each names the peer.
   const std::string sign = peer_mapped_transport<Transport> ? "exited" : "";
+  // libfabric's shm provider (1.17) stops taking writes between the
+  // survivors once a peer has exited (fi_writemsg returns -FI_EAGAIN until
+  // teardown), so the abort rank 0 relays cannot reach rank 2, which may then
+  // name rank 0: it too exited, after failing. Elsewhere the relayed abort
+  // names the root cause.
+  const char* provider = std::getenv("FI_PROVIDER");
+  const bool fi_shm = provider != nullptr && std::string(provider) == "shm";
   const auto start = steady::now();
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
     if (rank == 1) return 0;  // leaves without dispatching
@@ -716,7 +732,7 @@ TEST_CASE_TEMPLATE_DEFINE("a peer that exits makes the survivors fail fast", Tra
         [&] {
           buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
         },
-        sign, 1);
+        sign, fi_shm ? std::initializer_list<int>{1, 0} : std::initializer_list<int>{1});
   }));
   CHECK(steady::now() - start < std::chrono::seconds(10));
 }

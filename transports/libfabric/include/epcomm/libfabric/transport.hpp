@@ -275,7 +275,10 @@ class transport {
     auto alive = [&] {
       check_own_abort(site);
       check_peer_aborts(site);
-      blame_if_gone(site);
+      if (peer_exited(site.peer)) {
+        std::lock_guard lock(mu_);
+        blame_if_gone(site);
+      }
       failure_.rethrow();
     };
     if (!detail::spin_wait(ready, dl, alive))
@@ -401,12 +404,27 @@ class transport {
     std::atomic_ref<std::uint64_t>(counters_[slot]).fetch_add(n, std::memory_order_release);
   }
 
-  // A peer that exited on this host fails the wait at once; elsewhere its
-  // loss shows as a completion error or, at worst, the deadline.
+  bool peer_exited(int peer) const {
+    return peer >= 0 && peer < world_ && peer != rank_ && proxy::exited(processes_[peer], self_);
+  }
+
+  // A peer that exited on this host fails the wait at once (elsewhere its
+  // loss shows as a completion error or, at worst, the deadline). What it
+  // wrote before leaving may still wait in this rank's completion queue: an
+  // abort it relayed on its way out names the root cause, so the queue is
+  // drained and peers' aborts checked before the exit is blamed. Holds mu_.
   void blame_if_gone(const wait_site& site) {
-    if (site.peer >= 0 && site.peer < world_ && site.peer != rank_ &&
-        proxy::exited(processes_[site.peer], self_))
-      fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
+    if (!peer_exited(site.peer)) return;
+    for (int round = 0; round < 8; ++round) {
+      try {
+        progress_locked();
+        break;
+      } catch (const error&) {
+        // An error entry was consumed; the rest of the queue still drains.
+      }
+    }
+    check_peer_aborts(site);
+    fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
   }
 
   // After abort() every call fails, saying so; after a failure, with its error.
@@ -756,13 +774,19 @@ class transport {
             "fi_writemsg", rc);
   }
 
+  // Queued writes to a peer that exited never go: they are dropped (with the
+  // signals held behind them) so that they neither fail every later progress
+  // nor hold up teardown, and the loss is reported once.
   void retry_backlog(int peer) {
-    auto& backlog = peers_[peer].backlog;
-    while (!backlog.empty() && try_post(backlog.front())) backlog.pop_front();
-    if (!backlog.empty() && proxy::exited(processes_[peer], self_))
-      fail("libfabric write", peer,
-           "peer process exited with " + std::to_string(backlog.size()) +
-               " writes to it still queued");
+    auto& p = peers_[peer];
+    while (!p.backlog.empty() && try_post(p.backlog.front())) p.backlog.pop_front();
+    if (p.backlog.empty() || !proxy::exited(processes_[peer], self_)) return;
+    const std::size_t dropped = p.backlog.size();
+    for (posted* op : p.backlog) release(op);
+    p.backlog.clear();
+    p.held.clear();
+    fail("libfabric write", peer,
+         "peer process exited with " + std::to_string(dropped) + " writes to it still queued");
   }
 
   void defer(int peer, const deferred& d) {
@@ -789,12 +813,20 @@ class transport {
     }
   }
 
+  // Every peer's queue moves on even when another peer's fails: an abort
+  // queued to a live peer must not wait behind writes to a lost one.
   void progress_locked() {
     drain_cq();
+    std::optional<error> first;
     for (int p = 0; p < world_; ++p) {
-      if (!peers_[p].backlog.empty()) retry_backlog(p);
-      if (!peers_[p].held.empty()) release_held(p);
+      try {
+        if (!peers_[p].backlog.empty()) retry_backlog(p);
+        if (!peers_[p].held.empty()) release_held(p);
+      } catch (const error& e) {
+        if (!first) first = e;
+      }
     }
+    if (first) throw *first;
   }
 
   // Reads every available completion: incoming signals bump counters, our own

@@ -246,10 +246,10 @@ class transport {
           failure_.rethrow();
           progress_locked();
         } catch (const error&) {
-          // The awaited peer's exit or departure, or a peer's abort naming
-          // the root cause, explains more than a knock-on error.
-          blame_if_gone(site, slot, expected);
+          // A peer's abort naming the root cause, or the awaited peer's
+          // exit or departure, explains more than a knock-on error.
           check_peer_aborts(site);
+          blame_if_gone(site, slot, expected);
           throw;
         }
       }
@@ -257,8 +257,8 @@ class transport {
     };
     auto alive = [&] {
       check_own_abort(site);
-      blame_if_gone(site, slot, expected);
       check_peer_aborts(site);
+      blame_if_gone(site, slot, expected);
       failure_.rethrow();
     };
     if (!detail::spin_wait(ready, dl, alive))
@@ -391,8 +391,12 @@ class transport {
       fail(site.op, site.peer,
            "peer " + std::to_string(site.peer) +
                " closed its transport while this rank waited for " + site.what);
-    if (proxy::exited(processes_[site.peer], self_))
+    if (proxy::exited(processes_[site.peer], self_)) {
+      // A goodbye it wrote on its way out names the root cause; it has
+      // landed if the exit is visible, so it is read again first.
+      check_peer_aborts(site);
       fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
+    }
   }
 
   // After abort() every call fails, saying so; after a failure, with its error.
