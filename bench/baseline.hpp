@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "epcomm/combine_reduce.hpp"
 #include "epcomm/fp8_scaling.hpp"
 #include "epcomm/normal_mode.hpp"
 #include "epcomm/token_types.hpp"
@@ -163,20 +164,22 @@ class alltoall_baseline {
              send_at_);
     // Inverse permutation and reduction.
     const std::size_t t_count = dest_pos_.size() / world_;
-    acc_.resize(h);
+    // The same reduction kernel as epcomm's, so that the two differ in how
+    // the rows travel only.
+    std::vector<const out_type*> srcs;
+    srcs.reserve(static_cast<std::size_t>(world_));
     for (std::size_t t = 0; t < t_count; ++t) {
-      std::fill(acc_.begin(), acc_.end(), 0.0f);
       float* w = out_weights.data() + t * k;
       std::fill(w, w + k, 0.0f);
+      srcs.clear();
       for (int r = 0; r < world_; ++r) {
         const int pos = dest_pos_[t * world_ + r];
         if (pos < 0) continue;
         const std::size_t row = static_cast<std::size_t>(send_at_[r] + pos);
-        const out_type* src = back_x_.data() + row * h;
-        for (std::size_t c = 0; c < h; ++c) acc_[c] += to_float(src[c]);
+        srcs.push_back(back_x_.data() + row * h);
         for (std::size_t j = 0; j < k; ++j) w[j] += back_weights_[row * k + j];
       }
-      for (std::size_t c = 0; c < h; ++c) out_x[t * h + c] = from_float<out_type>(acc_[c]);
+      reduce_token<out_type, out_type>(out_x.data() + t * h, h, srcs);
     }
   }
 
@@ -218,7 +221,6 @@ class alltoall_baseline {
   std::vector<std::int32_t> send_src_, recv_src_;
   std::vector<out_type> back_x_;
   std::vector<float> back_weights_;
-  std::vector<float> acc_;  // one token's sums
 };
 
 }  // namespace epcomm::bench

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "epcomm/capacity_agreement.hpp"
+#include "epcomm/combine_reduce.hpp"
 #include "epcomm/concepts.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/fault_injection.hpp"
@@ -665,25 +666,23 @@ class buffer {
     const auto* wrows = reinterpret_cast<const float*>(base + plan_.combine_weights);
     std::vector<int> first(world_);
     for (int r = 0; r < world_; ++r) first[r] = h.return_offset(rank_, r);
-    std::vector<float> acc(hidden);
+    std::vector<const combine_t*> srcs;
+    srcs.reserve(static_cast<std::size_t>(world_));
     for (int t = 0; t < h.num_tokens; ++t) {
       const std::size_t at = static_cast<std::size_t>(t) * hidden;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (auto bias : {in.bias_0, in.bias_1})
-        if (!bias.empty())
-          for (std::size_t c = 0; c < hidden; ++c) acc[c] += to_float(bias[at + c]);
       if (!out_weights.empty())
         std::fill_n(out_weights.begin() + static_cast<std::ptrdiff_t>(t * k), k, 0.0f);
+      srcs.clear();
       for (int r = 0; r < world_; ++r) {
         const int pos = h.send_pos[static_cast<std::size_t>(t) * world_ + r];
         if (pos < 0) continue;
         const std::size_t row = static_cast<std::size_t>(first[r] + pos);
-        const combine_t* src = rows + row * hidden;
-        for (std::size_t c = 0; c < hidden; ++c) acc[c] += to_float(src[c]);
+        srcs.push_back(rows + row * hidden);
         if (!out_weights.empty())
           for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += wrows[row * k + j];
       }
-      for (std::size_t c = 0; c < hidden; ++c) out_x[at + c] = from_float<combine_t>(acc[c]);
+      reduce_token<combine_t, combine_t>(out_x.data() + at, hidden, srcs, bias_row(in.bias_0, t, hidden),
+                                         bias_row(in.bias_1, t, hidden));
     }
   }
 

@@ -43,6 +43,7 @@
 
 #include "epcomm/bootstrap/subgroup.hpp"
 #include "epcomm/capacity_agreement.hpp"
+#include "epcomm/combine_reduce.hpp"
 #include "epcomm/concepts.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/fault_injection.hpp"
@@ -932,10 +933,11 @@ requires peer_mapped_transport<Intra> &&
       yw[i] = reinterpret_cast<const float*>(intra_.peer(i, node_plan_.staged_weights)) + first * k;
       rows[i] = h.sent(source, d);
     }
+    std::vector<const combine_t*> srcs;
+    srcs.reserve(static_cast<std::size_t>(per_node_));
     for (std::size_t r = 0; r < count; ++r) {
-      float* acc = x + r * hidden;
-      std::fill_n(acc, hidden, 0.0f);
       if (with_weights) std::fill_n(w + r * k, k, 0.0f);
+      srcs.clear();
       for (int i = 0; i < per_node_; ++i) {
         if (((masks[r * words + i / 64] >> (i % 64)) & 1) == 0) continue;
         if (next[i] == rows[i])
@@ -943,11 +945,11 @@ requires peer_mapped_transport<Intra> &&
                       "that rank's masks give rank " + std::to_string(node_ * per_node_ + i) +
                           " more than the " + std::to_string(rows[i]) + " rows it received");
         const std::size_t row = next[i]++;
-        const combine_t* from = y[i] + row * hidden;
-        for (std::size_t c = 0; c < hidden; ++c) acc[c] += to_float(from[c]);
+        srcs.push_back(y[i] + row * hidden);
         if (with_weights)
           for (std::size_t j = 0; j < k; ++j) w[r * k + j] += yw[i][row * k + j];
       }
+      reduce_token<float, combine_t>(x + r * hidden, hidden, srcs);
     }
     const std::size_t row_bytes =
         hidden * sizeof(combine_t) + (with_weights ? k * sizeof(float) : 0);
@@ -970,24 +972,23 @@ requires peer_mapped_transport<Intra> &&
     const auto* px = reinterpret_cast<const float*>(inter_.local(rail_plan_.partial_x));
     const auto* pw = reinterpret_cast<const float*>(inter_.local(rail_plan_.partial_weights));
     std::vector<std::size_t> next(nodes_, 0);
-    std::vector<float> acc(hidden);
+    std::vector<const float*> srcs;
+    srcs.reserve(static_cast<std::size_t>(nodes_));
     for (int t = 0; t < h.num_tokens; ++t) {
       const std::size_t at = static_cast<std::size_t>(t) * hidden;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (auto bias : {in.bias_0, in.bias_1})
-        if (!bias.empty())
-          for (std::size_t c = 0; c < hidden; ++c) acc[c] += to_float(bias[at + c]);
       if (!out_weights.empty())
         std::fill_n(out_weights.begin() + static_cast<std::ptrdiff_t>(t * k), k, 0.0f);
+      srcs.clear();
       for (int m = 0; m < nodes_; ++m) {
         const auto& list = reach[m].tokens;
         if (next[m] == list.size() || list[next[m]] != t) continue;
         const std::size_t row = static_cast<std::size_t>(m) * cap_.max_tokens_per_rank + next[m]++;
-        for (std::size_t c = 0; c < hidden; ++c) acc[c] += px[row * hidden + c];
+        srcs.push_back(px + row * hidden);
         if (!out_weights.empty())
           for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += pw[row * k + j];
       }
-      for (std::size_t c = 0; c < hidden; ++c) out_x[at + c] = from_float<combine_t>(acc[c]);
+      reduce_token<combine_t, float>(out_x.data() + at, hidden, srcs, bias_row(in.bias_0, t, hidden),
+                                     bias_row(in.bias_1, t, hidden));
     }
   }
 

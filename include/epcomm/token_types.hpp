@@ -53,11 +53,14 @@ EPCOMM_HD constexpr To bit_cast(const From& from) noexcept {
 // sign and payload), so the result does not depend on which NaN came in.
 EPCOMM_HD constexpr bf16 to_bf16(float x) noexcept {
   const auto u = detail::bit_cast<std::uint32_t>(x);
-  if ((u & 0x7FFF'FFFFu) > 0x7F80'0000u) return bf16{0x7FFF};
   // Adding 0x7FFF plus the kept LSB carries into bit 16 exactly when the
   // discarded half is above 0x8000, or equal to it with an odd kept part.
   const std::uint32_t lsb = (u >> 16) & 1u;
-  return bf16{static_cast<std::uint16_t>((u + 0x7FFFu + lsb) >> 16)};
+  const std::uint32_t rounded = (u + 0x7FFFu + lsb) >> 16;
+  // NaN becomes the canonical 0x7FFF; a select, not a branch, so that loops
+  // converting whole rows vectorize.
+  const bool nan = (u & 0x7FFF'FFFFu) > 0x7F80'0000u;
+  return bf16{static_cast<std::uint16_t>(nan ? 0x7FFFu : rounded)};
 }
 
 // Exact: bf16 is the top half of a float. NaN payloads are kept, as in CUDA.
