@@ -9,6 +9,7 @@ mark_as_advanced(EPCOMM_INSTALL_CMAKEDIR)
 
 get_property(_epcomm_components GLOBAL PROPERTY EPCOMM_INSTALL_COMPONENTS)
 get_property(_epcomm_config_code GLOBAL PROPERTY EPCOMM_INSTALL_CONFIG_CODE)
+get_property(_epcomm_found_checks GLOBAL PROPERTY EPCOMM_INSTALL_FOUND_CHECKS)
 if(NOT _epcomm_components)
   message(FATAL_ERROR "epcomm install: no component registered with epcomm_install_component()")
 endif()
@@ -38,6 +39,7 @@ install(EXPORT epcommTargets
 # Substituted into epcommConfig.cmake.in.
 set(EPCOMM_CONFIG_COMPONENTS "${_epcomm_component_names}")
 set(EPCOMM_CONFIG_DEPENDENCIES "${_epcomm_config_code}")
+set(EPCOMM_CONFIG_FOUND_CHECKS "${_epcomm_found_checks}")
 configure_package_config_file(
   "${CMAKE_CURRENT_LIST_DIR}/epcommConfig.cmake.in"
   "${PROJECT_BINARY_DIR}/epcommConfig.cmake"
@@ -55,6 +57,7 @@ install(FILES
 
 unset(_epcomm_components)
 unset(_epcomm_config_code)
+unset(_epcomm_found_checks)
 unset(_epcomm_component_names)
 unset(_target)
 unset(_name)

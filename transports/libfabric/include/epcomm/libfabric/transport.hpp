@@ -57,15 +57,15 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "epcomm/concepts.hpp"
-#include "epcomm/detail/spin_wait.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/proxy/completion_window.hpp"
-#include "epcomm/proxy/failure_latch.hpp"
 #include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/proxy/process_identity.hpp"
+#include "epcomm/proxy/rma_transport_base.hpp"
 
 namespace epcomm::libfabric {
 
@@ -93,18 +93,15 @@ constexpr std::uint64_t signal_increment_of(std::uint64_t data) {
   return (data >> signal_slot_bits) & max_signal_increment;
 }
 
-class transport {
+class transport : public proxy::rma_transport_base {
  public:
   // Collective over `boot`: every rank passes the same `bytes` and
   // `signal_slots` and gets the same provider.
   template <bootstrap B>
   transport(B& boot, std::size_t bytes, std::size_t signal_slots, deadline dl,
             const options& opt = {})
-      : rank_(boot.rank()),
-        world_(boot.world_size()),
-        bytes_(bytes),
-        user_slots_(signal_slots),
-        timeout_(effective_timeout(opt.timeout)),
+      : rma_transport_base(boot.rank(), boot.world_size(), bytes, signal_slots,
+                           effective_timeout(opt.timeout), "libfabric"),
         data_offset_(scratch_bytes +
                      (static_cast<std::size_t>(boot.world_size()) * sizeof(std::uint64_t) + 63) /
                          64 * 64),
@@ -135,25 +132,11 @@ class transport {
   // already queued to them, while what was bound for a lost peer never leaves.
   ~transport() {
     std::unique_lock lock(mu_);
-    const auto budget = failure_.failed() || aborted() ? std::chrono::milliseconds(1'000)
-                                                       : std::chrono::milliseconds(5'000);
-    const deadline dl = deadline::after(std::min(timeout_, budget));
-    while (busy() && !dl.expired()) {
-      try {
-        progress_locked();
-      } catch (const error&) {
-        // Latched already; the other peers' writes still drain.
-      }
-    }
+    drain([&] { return !busy(); }, teardown_deadline(), [&] { progress_locked(); });
     lock.unlock();
     close();
   }
 
-  int rank() const { return rank_; }
-  int world_size() const { return world_; }
-  std::size_t size() const { return bytes_; }
-  // "libfabric/<provider>", for test and error messages.
-  const std::string& name() const { return name_; }
   std::size_t max_write() const { return max_write_; }
 
   std::span<std::byte> local_buffer() { return {data(), bytes_}; }
@@ -236,56 +219,25 @@ class transport {
   // when progressed), so their teardown is not held up.
   void serve() {
     std::lock_guard lock(mu_);
-    try {
-      progress_locked();
-    } catch (const error&) {
-      // Latched; serving goes on.
-    }
-  }
-
-  std::uint64_t completed() const {
-    std::lock_guard lock(mu_);
-    return tickets_.watermark();
+    suppress_latched([&] { progress_locked(); });
   }
 
   void wait(std::size_t slot, std::uint64_t expected, deadline dl, wait_site site) {
-    if (slot >= counters_.size())
-      throw error(rank_, site.op, site.peer,
-                  "wait on signal slot " + std::to_string(slot) + " of " +
-                      std::to_string(counters_.size()));
-    check_own_abort(site);
-    auto ready = [&] {
-      if (counter(slot) >= expected) return true;
-      // Progress here too, so that waiting works with or without a proxy.
-      if (std::unique_lock lock(mu_, std::try_to_lock); lock.owns_lock()) {
-        try {
-          failure_.rethrow();
-          progress_locked();
-        } catch (const error&) {
-          // A peer's abort naming the root cause, or the awaited peer's
-          // exit, explains more than a knock-on error. Aborts first: the
-          // rank that relayed an abort may have exited since.
+    wait_signal(
+        slot, counters_.size(), expected, dl, site, [&] { return counter(slot); },
+        [&] { progress_locked(); },
+        [&] {
+          // Aborts first: the rank that relayed an abort may have exited since.
           check_peer_aborts(site);
           blame_if_gone(site);
-          throw;
-        }
-      }
-      return counter(slot) >= expected;
-    };
-    auto alive = [&] {
-      check_own_abort(site);
-      check_peer_aborts(site);
-      if (peer_exited(site.peer)) {
-        std::lock_guard lock(mu_);
-        blame_if_gone(site);
-      }
-      failure_.rethrow();
-    };
-    if (!detail::spin_wait(ready, dl, alive))
-      throw error(rank_, site.op, site.peer,
-                  std::string("deadline expired waiting for ") + site.what + ": expected " +
-                      std::to_string(expected) + ", saw " + std::to_string(counter(slot)) + " (" +
-                      name_ + ")");
+        },
+        [&] {
+          check_peer_aborts(site);
+          if (peer_exited(site.peer)) {
+            std::lock_guard lock(mu_);
+            blame_if_gone(site);
+          }
+        });
   }
 
   // Every rank signals every other on the transport's own slots, after its
@@ -316,28 +268,16 @@ class transport {
   // own decision). The writes are posted, not awaited. Safe from any thread
   // and after a failure; only the first call counts.
   void abort(int culprit = no_peer) {
-    if (culprit < no_peer || culprit >= world_) culprit = no_peer;
-    const auto word = static_cast<std::uint64_t>(culprit + 2);
-    std::uint64_t expected = 0;
-    if (!abort_word_.compare_exchange_strong(expected, word, std::memory_order_acq_rel)) return;
+    const auto word = static_cast<std::uint64_t>(valid_culprit(culprit) + 2);
+    if (!claim_abort(word)) return;
     std::lock_guard lock(mu_);
     std::atomic_ref<std::uint64_t>(abort_words()[rank_]).store(word, std::memory_order_release);
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_ || proxy::exited(processes_[p], self_)) continue;
-      try {
-        post_abort(p);
-      } catch (const error&) {
-        // Latched; the other peers are still told.
-      }
-    }
-    try {
-      progress_locked();  // hands the writes to providers that send only when progressed
-    } catch (const error&) {
-      // Latched already; the abort stands.
-    }
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && !proxy::exited(processes_[p], self_))
+        suppress_latched([&] { post_abort(p); });
+    // Hands the writes to providers that send only when progressed.
+    suppress_latched([&] { progress_locked(); });
   }
-
-  bool aborted() const { return abort_word_.load(std::memory_order_acquire) != 0; }
 
  private:
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
@@ -427,18 +367,6 @@ class transport {
     fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
   }
 
-  // After abort() every call fails, saying so; after a failure, with its error.
-  void check_usable(const char* op) const {
-    if (aborted()) throw error(rank_, op, no_peer, "the transport was aborted (" + name_ + ")");
-    failure_.rethrow();
-  }
-
-  void check_own_abort(const wait_site& site) const {
-    if (aborted())
-      throw error(rank_, site.op, no_peer,
-                  std::string("aborted while waiting for ") + site.what + " (" + name_ + ")");
-  }
-
   // A peer's abort notice has arrived (its CQ data counts only once the word
   // has landed): the wait fails, naming the rank that peer blamed.
   void check_peer_aborts(const wait_site& site) {
@@ -454,35 +382,8 @@ class transport {
     }
   }
 
-  [[noreturn]] void fail(const char* op, int peer, const std::string& cause) {
-    const error e(rank_, op, peer, cause + " (" + name_ + ")");
-    failure_.latch(e);  // later calls report the first failure; this one reports its own
-    throw e;
-  }
   [[noreturn]] void fail_fi(const char* op, int peer, const char* call, long rc) {
     fail(op, peer, std::string(call) + " failed: " + fi_strerror(static_cast<int>(-rc)));
-  }
-
-  void check_peer(const char* op, int peer) {
-    check_usable(op);
-    if (peer < 0 || peer >= world_)
-      fail(op, no_peer,
-           "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(world_) + ")");
-  }
-  void check_op(const char* op, int peer, std::size_t local_off, std::size_t remote_off,
-                std::size_t bytes) {
-    check_peer(op, peer);
-    if (bytes > bytes_ || local_off > bytes_ - bytes || remote_off > bytes_ - bytes)
-      fail(op, peer,
-           std::to_string(bytes) + " bytes from offset " + std::to_string(local_off) + " to " +
-               std::to_string(remote_off) + " overrun the " + std::to_string(bytes_) +
-               "-byte buffer");
-  }
-  void check_slot(const char* op, int peer, std::size_t slot) {
-    if (slot >= user_slots_)
-      fail(op, peer,
-           "signal slot " + std::to_string(slot) + " is outside [0, " +
-               std::to_string(user_slots_) + ")");
   }
 
   // Writes a put of `bytes` takes (max_write_ may be SIZE_MAX: no overflow).
@@ -660,6 +561,8 @@ class transport {
     };
     while (!connected()) {
       progress_locked();
+      // Lets the ranks this one waits for run when there are more ranks than cores.
+      std::this_thread::yield();
       if (dl.expired()) {
         int late = rank_ - 1;
         while (late >= 0 && counter(hello_slot(late)) != 0) --late;
@@ -883,13 +786,7 @@ class transport {
                   : std::string()));
   }
 
-  int rank_;
-  int world_;
-  std::size_t bytes_;
-  std::size_t user_slots_;
-  std::chrono::milliseconds timeout_;
   std::size_t data_offset_;  // of the data in the registered region: scratch, abort words
-  std::string name_ = "libfabric";
   std::size_t max_write_ = 0;
 
   fi_info* info_ = nullptr;
@@ -904,16 +801,12 @@ class transport {
   std::byte* region_ = nullptr;
   std::size_t region_length_ = 0;
 
-  mutable std::mutex mu_;
-  proxy::failure_latch failure_;
   // Local signal counters, read with acquire: the user's slots, then per
   // rank a barrier, a connection-hello and an abort slot.
   std::vector<std::uint64_t> counters_;
-  std::atomic<std::uint64_t> abort_word_{0};  // culprit + 2 once this rank aborted
   std::vector<peer_state> peers_;
   proxy::process_identity self_ = proxy::this_process();
   std::vector<proxy::process_identity> processes_;
-  proxy::completion_window tickets_;  // numbered operations
   std::vector<std::unique_ptr<posted>> pool_;
   std::vector<posted*> free_;
   std::size_t outstanding_ = 0;    // posted fabric operations not yet completed

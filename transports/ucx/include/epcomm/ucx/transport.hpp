@@ -43,12 +43,10 @@
 #include <vector>
 
 #include "epcomm/concepts.hpp"
-#include "epcomm/detail/spin_wait.hpp"
 #include "epcomm/error.hpp"
-#include "epcomm/proxy/completion_window.hpp"
-#include "epcomm/proxy/failure_latch.hpp"
 #include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/proxy/process_identity.hpp"
+#include "epcomm/proxy/rma_transport_base.hpp"
 
 namespace epcomm::ucx {
 
@@ -57,18 +55,15 @@ struct options {
   std::chrono::milliseconds timeout = default_timeout;
 };
 
-class transport {
+class transport : public proxy::rma_transport_base {
  public:
   // Collective over `boot`: every rank passes the same `bytes` and `signal_slots`.
   template <bootstrap B>
   transport(B& boot, std::size_t bytes, std::size_t signal_slots, deadline dl,
             const options& opt = {})
-      : rank_(boot.rank()),
-        world_(boot.world_size()),
-        bytes_(bytes),
-        user_slots_(signal_slots),
+      : rma_transport_base(boot.rank(), boot.world_size(), bytes, signal_slots,
+                           effective_timeout(opt.timeout), "ucx"),
         slots_(signal_slots + 2 * static_cast<std::size_t>(boot.world_size())),
-        timeout_(effective_timeout(opt.timeout)),
         peers_(boot.world_size()),
         processes_(boot.world_size()),
         said_goodbye_(boot.world_size(), false) {
@@ -101,47 +96,32 @@ class transport {
   ~transport() {
     {
       std::lock_guard lock(mu_);
-      const std::uint64_t aborted_with = abort_word_.load(std::memory_order_acquire);
+      const std::uint64_t aborted_with = abort_word();
       const bool failed = failure_.failed() || aborted_with != 0;
       const int culprit = aborted_with != 0 ? culprit_of(aborted_with) : failure_.culprit();
-      const deadline dl = deadline::after(std::min(
-          timeout_, failed ? std::chrono::milliseconds(1'000) : std::chrono::milliseconds(5'000)));
-      auto drain = [&](auto&& done) {
-        while (!done() && !dl.expired()) {
-          try {
-            progress_locked();
-          } catch (const error&) {
-            // Latched already; the other peers' operations still drain.
-          }
-        }
-      };
+      const deadline dl = teardown_deadline();
+      auto progress = [&] { progress_locked(); };
       auto reachable = [&](int p) {
         return p != rank_ && p != culprit && !proxy::exited(processes_[p], self_);
       };
-      drain([&] { return outstanding_ == 0; });
+      drain([&] { return outstanding_ == 0; }, dl, progress);
       const std::uint64_t goodbye = failed ? failure_goodbye(culprit) : goodbye_clean;
-      try {
+      suppress_latched([&] {
         for (int p = 0; p < world_; ++p)
           if (reachable(p) && !said_goodbye_[p]) post_goodbye(p, goodbye);
-      } catch (const error&) {
-        // Latched; the peers still get the others' goodbyes.
-      }
-      drain([&] {
-        for (int p = 0; p < world_; ++p)
-          if (reachable(p) && counter(goodbye_slot(p)) == 0) return false;
-        return true;
       });
+      drain(
+          [&] {
+            for (int p = 0; p < world_; ++p)
+              if (reachable(p) && counter(goodbye_slot(p)) == 0) return false;
+            return true;
+          },
+          dl, progress);
       ucp_request_param_t rp{};
       settle(ucp_worker_flush_nbx(worker_, &rp), dl);
     }
     close();
   }
-
-  int rank() const { return rank_; }
-  int world_size() const { return world_; }
-  std::size_t size() const { return bytes_; }
-  // "ucx/<UCX_TLS>", for test and error messages.
-  const std::string& name() const { return name_; }
 
   std::span<std::byte> local_buffer() { return {data(), bytes_}; }
 
@@ -221,51 +201,19 @@ class transport {
   // have gone.
   void serve() {
     std::lock_guard lock(mu_);
-    try {
-      progress_locked();
-    } catch (const error&) {
-      // Latched; serving goes on.
-    }
-  }
-
-  std::uint64_t completed() const {
-    std::lock_guard lock(mu_);
-    return tickets_.watermark();
+    suppress_latched([&] { progress_locked(); });
   }
 
   void wait(std::size_t slot, std::uint64_t expected, deadline dl, wait_site site) {
-    if (slot >= slots_)
-      throw error(rank_, site.op, site.peer,
-                  "wait on signal slot " + std::to_string(slot) + " of " + std::to_string(slots_));
-    check_own_abort(site);
-    auto ready = [&] {
-      if (counter(slot) >= expected) return true;
-      // Progress here too, so that waiting works with or without a proxy.
-      if (std::unique_lock lock(mu_, std::try_to_lock); lock.owns_lock()) {
-        try {
-          failure_.rethrow();
-          progress_locked();
-        } catch (const error&) {
-          // A peer's abort naming the root cause, or the awaited peer's
-          // exit or departure, explains more than a knock-on error.
-          check_peer_aborts(site);
-          blame_if_gone(site, slot, expected);
-          throw;
-        }
-      }
-      return counter(slot) >= expected;
-    };
-    auto alive = [&] {
-      check_own_abort(site);
+    // A peer's abort naming the root cause first, then the awaited peer's
+    // exit or departure: both explain more than a knock-on error.
+    auto explain = [&] {
       check_peer_aborts(site);
       blame_if_gone(site, slot, expected);
-      failure_.rethrow();
     };
-    if (!detail::spin_wait(ready, dl, alive))
-      throw error(rank_, site.op, site.peer,
-                  std::string("deadline expired waiting for ") + site.what + ": expected " +
-                      std::to_string(expected) + ", saw " + std::to_string(counter(slot)) + " (" +
-                      name_ + ")");
+    wait_signal(
+        slot, slots_, expected, dl, site, [&] { return counter(slot); }, [&] { progress_locked(); },
+        explain, explain);
   }
 
   // Every rank signals every other on the transport's own slots; these
@@ -296,27 +244,15 @@ class transport {
   // them and for the peers' goodbyes. Safe from any thread and after a
   // failure; only the first call counts.
   void abort(int culprit = no_peer) {
-    if (culprit < no_peer || culprit >= world_) culprit = no_peer;
-    const std::uint64_t word = failure_goodbye(culprit);
-    std::uint64_t expected = 0;
-    if (!abort_word_.compare_exchange_strong(expected, word, std::memory_order_acq_rel)) return;
+    const std::uint64_t word = failure_goodbye(valid_culprit(culprit));
+    if (!claim_abort(word)) return;
     std::lock_guard lock(mu_);
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_ || said_goodbye_[p] || proxy::exited(processes_[p], self_)) continue;
-      try {
-        post_goodbye(p, word);
-      } catch (const error&) {
-        // Latched; the other peers are still told.
-      }
-    }
-    try {
-      progress_locked();  // sends what the transport sends only when progressed (tcp)
-    } catch (const error&) {
-      // Latched already; the abort stands.
-    }
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && !said_goodbye_[p] && !proxy::exited(processes_[p], self_))
+        suppress_latched([&] { post_goodbye(p, word); });
+    // Sends what the transport sends only when progressed (tcp).
+    suppress_latched([&] { progress_locked(); });
   }
-
-  bool aborted() const { return abort_word_.load(std::memory_order_acquire) != 0; }
 
  private:
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
@@ -399,18 +335,6 @@ class transport {
     }
   }
 
-  // After abort() every call fails, saying so; after a failure, with its error.
-  void check_usable(const char* op) const {
-    if (aborted()) throw error(rank_, op, no_peer, "the transport was aborted (" + name_ + ")");
-    failure_.rethrow();
-  }
-
-  void check_own_abort(const wait_site& site) const {
-    if (aborted())
-      throw error(rank_, site.op, no_peer,
-                  std::string("aborted while waiting for ") + site.what + " (" + name_ + ")");
-  }
-
   // A peer gave up on the group (aborted, or closed after a failure): every
   // wait fails, whichever peer it awaits, naming the rank that peer blamed.
   void check_peer_aborts(const wait_site& site) {
@@ -423,35 +347,8 @@ class transport {
     }
   }
 
-  [[noreturn]] void fail(const char* op, int peer, const std::string& cause) {
-    const error e(rank_, op, peer, cause + " (" + name_ + ")");
-    failure_.latch(e);  // later calls report the first failure; this one reports its own
-    throw e;
-  }
   [[noreturn]] void fail_status(const char* op, int peer, const char* call, ucs_status_t s) {
     fail(op, peer, std::string(call) + " failed: " + ucs_status_string(s));
-  }
-
-  void check_peer(const char* op, int peer) {
-    check_usable(op);
-    if (peer < 0 || peer >= world_)
-      fail(op, no_peer,
-           "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(world_) + ")");
-  }
-  void check_op(const char* op, int peer, std::size_t local_off, std::size_t remote_off,
-                std::size_t bytes) {
-    check_peer(op, peer);
-    if (bytes > bytes_ || local_off > bytes_ - bytes || remote_off > bytes_ - bytes)
-      fail(op, peer,
-           std::to_string(bytes) + " bytes from offset " + std::to_string(local_off) + " to " +
-               std::to_string(remote_off) + " overrun the " + std::to_string(bytes_) +
-               "-byte buffer");
-  }
-  void check_slot(const char* op, int peer, std::size_t slot) {
-    if (slot >= user_slots_)
-      fail(op, peer,
-           "signal slot " + std::to_string(slot) + " is outside [0, " +
-               std::to_string(user_slots_) + ")");
   }
 
   // ---- bring-up -----------------------------------------------------------
@@ -745,13 +642,7 @@ class transport {
     }
   }
 
-  int rank_;
-  int world_;
-  std::size_t bytes_;
-  std::size_t user_slots_;
-  std::size_t slots_;  // user slots, then per rank one barrier and one goodbye slot
-  std::chrono::milliseconds timeout_;
-  std::string name_ = "ucx";
+  std::size_t slots_;                // user slots, then per rank one barrier and one goodbye slot
   bool shared_memory_only_ = false;  // UCX_TLS names shared-memory transports only
 
   ucp_context_h context_ = nullptr;
@@ -760,15 +651,11 @@ class transport {
   std::byte* region_ = nullptr;
   std::size_t region_length_ = 0;
 
-  mutable std::mutex mu_;
-  proxy::failure_latch failure_;
   std::optional<error> deferred_error_;
   std::vector<peer_state> peers_;
   proxy::process_identity self_ = proxy::this_process();
   std::vector<proxy::process_identity> processes_;
-  std::vector<bool> said_goodbye_;            // this rank's goodbye is out to that peer
-  std::atomic<std::uint64_t> abort_word_{0};  // the goodbye abort() sent; 0 before
-  proxy::completion_window tickets_;          // numbered operations
+  std::vector<bool> said_goodbye_;  // this rank's goodbye is out to that peer
   std::vector<std::unique_ptr<op_record>> pool_;
   std::vector<op_record*> free_;
   std::size_t outstanding_ = 0;           // requests not yet completed
