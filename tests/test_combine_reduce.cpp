@@ -98,6 +98,32 @@ TEST_CASE("reduce_token equals the per-channel loop bit for bit") {
   check_against_plain<bf16, float>(4);  // hierarchical final sum
 }
 
+TEST_CASE("reduce_token_weighted equals the weighted per-channel loop bit for bit") {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> weight(0.0f, 1.0f);
+  for (std::size_t hidden : {1u, 65u, 128u, 7168u}) {
+    for (std::size_t nrows = 0; nrows <= 8; nrows += 4) {
+      std::vector<std::vector<bf16>> rows(nrows, std::vector<bf16>(hidden));
+      std::vector<float> w(nrows);
+      std::vector<const bf16*> ptrs;
+      for (std::size_t r = 0; r < nrows; ++r) {
+        for (auto& v : rows[r]) v = draw<bf16>(gen);
+        w[r] = weight(gen);
+        ptrs.push_back(rows[r].data());
+      }
+      std::vector<bf16> want(hidden), got(hidden);
+      for (std::size_t c = 0; c < hidden; ++c) {
+        float acc = 0.0f;
+        for (std::size_t r = 0; r < nrows; ++r) acc += w[r] * to_float(rows[r][c]);
+        want[c] = to_bf16(acc);
+      }
+      reduce_token_weighted<bf16, bf16>(got.data(), hidden, ptrs, w.data());
+      INFO("hidden ", hidden, " rows ", nrows);
+      CHECK(same_bits(got, want));
+    }
+  }
+}
+
 TEST_CASE("bias_row is null without a bias and points at token t's row otherwise") {
   const std::vector<float> bias(3 * 4, 1.0f);
   CHECK(bias_row<float>({}, 2, 4) == nullptr);

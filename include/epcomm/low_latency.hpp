@@ -52,19 +52,24 @@
 #include <concepts>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "epcomm/call_guard.hpp"
+#include "epcomm/combine_reduce.hpp"
 #include "epcomm/concepts.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/fault_injection.hpp"
 #include "epcomm/fp8_scaling.hpp"
 #include "epcomm/layout.hpp"
 #include "epcomm/low_latency_mode.hpp"
+#include "epcomm/low_latency_validation.hpp"
 #include "epcomm/low_latency_wire.hpp"
 #include "epcomm/proxy/engine.hpp"
+#include "epcomm/receive_hook.hpp"
+#include "epcomm/require_peer_mapped.hpp"
 #include "epcomm/token_types.hpp"
 
 namespace epcomm {
@@ -86,33 +91,10 @@ class low_latency_buffer {
   using dispatch_result = ll_dispatch_result<Wire>;
 
   // Completes a dispatch's receive phase; returned by low_latency_dispatch_send.
-  class dispatch_hook {
-   public:
-    dispatch_result operator()() { return buf_->receive_dispatch(parity_, epoch_); }
-
-   private:
-    friend class low_latency_buffer;
-    dispatch_hook(low_latency_buffer* buf, int parity, std::uint64_t epoch)
-        : buf_(buf), parity_(parity), epoch_(epoch) {}
-    low_latency_buffer* buf_;
-    int parity_;
-    std::uint64_t epoch_;
-  };
-
+  using dispatch_hook = receive_hook<low_latency_buffer, dispatch_result, int, std::uint64_t>;
   // Completes a combine's receive phase: returns out[T][H], valid until the
   // next combine on the same parity.
-  class combine_hook {
-   public:
-    std::span<const bf16> operator()() { return buf_->receive_combine(parity_, epoch_); }
-
-   private:
-    friend class low_latency_buffer;
-    combine_hook(low_latency_buffer* buf, int parity, std::uint64_t epoch)
-        : buf_(buf), parity_(parity), epoch_(epoch) {}
-    low_latency_buffer* buf_;
-    int parity_;
-    std::uint64_t epoch_;
-  };
+  using combine_hook = receive_hook<low_latency_buffer, std::span<const bf16>, int, std::uint64_t>;
 
   // Collective: every rank of `boot` constructs its buffer with the same config.
   template <bootstrap B>
@@ -121,21 +103,18 @@ class low_latency_buffer {
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
-        shape_(agreed_shape(boot, cfg, timeout_)),
+        shape_(agree_ll_shape<Wire>(boot, cfg, timeout_)),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         transport_(boot, plan_.total, wire::ll::signal_slots(shape_), deadline::after(timeout_)),
         proxy_(transport_),
         next_slot_(shape_.num_experts),
         rows_to_rank_(world_),
-        scratch_(wire::ll::record_bytes(shape_)),
-        acc_(shape_.hidden) {
-    if constexpr (!via_proxy) {
-      for (int p = 0; p < world_; ++p)
-        if (!transport_.is_peer_mapped(p))
-          throw error(rank_, "low_latency_buffer", p,
-                      "rank is not peer-mapped from here; low-latency mode over this transport "
-                      "needs every rank on one node");
-    }
+        scratch_(wire::ll::record_bytes(shape_)) {
+    token_rows_.reserve(static_cast<std::size_t>(shape_.max_topk));
+    row_weights_.reserve(static_cast<std::size_t>(shape_.max_topk));
+    if constexpr (!via_proxy)
+      require_peer_mapped(transport_, rank_, world_, "low_latency_buffer",
+                          "low-latency mode over this transport needs every rank on one node");
     stats_.recv_tokens_per_expert.assign(shape_.local_experts(), 0);
     stats_.dispatch_wait.assign(world_, {});
     stats_.combine_wait.assign(world_, {});
@@ -199,11 +178,8 @@ class low_latency_buffer {
     ensure_usable(dispatch_op);
     const int p = next_parity_;
     parity_state& st = parity_[p];
-    if (st.dispatch_pending || st.combine_pending)
-      throw error(rank_, dispatch_op, no_peer,
-                  "parity " + std::to_string(p) + " still has a " +
-                      (st.dispatch_pending ? "dispatch" : "combine") +
-                      " whose receive phase has not run (at most two calls in flight)");
+    check_ll_parity_idle(rank_, dispatch_op, p, st.dispatch_pending, st.combine_pending,
+                         "at most two calls in flight");
     next_parity_ ^= 1;
     const std::uint64_t epoch = ++st.dispatch_epoch;
     const deadline dl = deadline::after(timeout_);
@@ -228,13 +204,13 @@ class low_latency_buffer {
     st.num_tokens = cause.empty() ? in.num_tokens : 0;
     st.topk = cause.empty() ? in.topk : 0;
     if (!cause.empty()) receive_dispatch(p, epoch);  // throws after draining this epoch
-    return dispatch_hook(this, p, epoch);
+    return dispatch_hook(this, &low_latency_buffer::receive_dispatch, p, epoch);
   }
 
   // Where expert outputs for `h` can be written so that combine reads them in
   // place: [E_local][R * max_tokens][H], aligned with recv_x. Pass it as y.
   std::span<bf16> combine_send_buffer(const ll_handle& h) {
-    check_parity(h, combine_op);
+    check_ll_handle_parity(rank_, combine_op, h.parity);
     return {local<bf16>(h.parity, plan_.combine_send), rows_total() * shape_.hidden};
   }
 
@@ -246,18 +222,11 @@ class low_latency_buffer {
   // this parity.
   combine_hook low_latency_combine_send(const ll_combine_input& in, const ll_handle& h) {
     ensure_usable(combine_op);
-    check_parity(h, combine_op);
+    check_ll_handle_parity(rank_, combine_op, h.parity);
     const int p = h.parity;
     parity_state& st = parity_[p];
-    if (st.dispatch_pending || st.combine_pending)
-      throw error(rank_, combine_op, no_peer,
-                  std::string("parity ") + std::to_string(p) + " still has a " +
-                      (st.dispatch_pending ? "dispatch" : "combine") +
-                      " whose receive phase has not run");
-    if (st.dispatch_epoch <= st.combined_epoch)
-      throw error(rank_, combine_op, no_peer,
-                  "no dispatch received on parity " + std::to_string(p) +
-                      " since its last combine (one combine per dispatch)");
+    check_ll_parity_idle(rank_, combine_op, p, st.dispatch_pending, st.combine_pending);
+    check_ll_combinable(rank_, combine_op, p, st.dispatch_epoch, st.combined_epoch);
     const std::uint64_t epoch = ++st.combine_epoch;
     // Even a rejected combine uses this parity's combine region, so the
     // dispatch cannot be combined again either way.
@@ -281,7 +250,7 @@ class low_latency_buffer {
     st.combine_pending = true;
     st.combine_ok = cause.empty();
     if (!cause.empty()) receive_combine(p, epoch);  // throws after draining this epoch
-    return combine_hook(this, p, epoch);
+    return combine_hook(this, &low_latency_buffer::receive_combine, p, epoch);
   }
 
  private:
@@ -314,60 +283,6 @@ class low_latency_buffer {
     int num_tokens = 0;  // of the last accepted dispatch
     int topk = 0;
   };
-
-  // The configuration every rank must share, checked collectively so that a
-  // mismatch fails on all ranks instead of hanging the ones that agree.
-  struct config_record {
-    std::int32_t valid;
-    std::int32_t num_experts, hidden, max_topk, max_tokens_per_rank, round_scale;
-    std::int32_t wire_id;
-  };
-
-  template <bootstrap B>
-  static wire::ll::shape agreed_shape(B& boot, const low_latency_config& cfg,
-                                      std::chrono::milliseconds timeout) {
-    const int world = boot.world_size();
-    constexpr bool fp8 = token_traits<Wire>::has_scales;
-    std::string cause;
-    auto need = [&](bool ok, const std::string& what) {
-      if (!ok && cause.empty()) cause = what;
-    };
-    need(cfg.num_experts >= world && cfg.num_experts % world == 0,
-         "num_experts (" + std::to_string(cfg.num_experts) + ") must be a positive multiple of " +
-             "world_size (" + std::to_string(world) + ")");
-    need(cfg.hidden > 0, "hidden must be > 0");
-    need(!fp8 || cfg.hidden % fp8_block == 0,
-         "hidden must be a multiple of 128 on the fp8 wire (one scale per 128 channels)");
-    need(fp8 || !cfg.round_scale, "round_scale applies to the fp8 wire only");
-    need(cfg.max_topk > 0 && cfg.max_topk <= cfg.num_experts,
-         "max_topk must be in [1, num_experts]");
-    need(cfg.max_tokens_per_rank > 0, "max_tokens_per_rank must be > 0");
-    need(static_cast<long long>(world) * cfg.max_tokens_per_rank <=
-             std::numeric_limits<std::int32_t>::max(),
-         "world_size * max_tokens_per_rank overflows int32");
-
-    const config_record mine{
-        cause.empty() ? 1 : 0, cfg.num_experts,         cfg.hidden,
-        cfg.max_topk,          cfg.max_tokens_per_rank, cfg.round_scale ? 1 : 0,
-        token_traits<Wire>::id};
-    const auto bytes =
-        boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(timeout));
-    std::vector<config_record> all(world);
-    std::memcpy(all.data(), bytes.data(), bytes.size());
-    if (!cause.empty())
-      throw error(boot.rank(), "low_latency_buffer", no_peer, "invalid config: " + cause);
-    for (int p = 0; p < world; ++p) {
-      if (!all[p].valid)
-        throw error(boot.rank(), "low_latency_buffer", p, "peer rejected its config");
-      if (std::memcmp(&all[p], &mine, sizeof mine) != 0)
-        throw error(boot.rank(), "low_latency_buffer", p,
-                    "config differs from this rank's (num_experts, hidden, max_topk, "
-                    "max_tokens_per_rank, round_scale and wire type must agree)");
-    }
-    return wire::ll::shape{world,        cfg.num_experts,         cfg.hidden,
-                           cfg.max_topk, cfg.max_tokens_per_rank, static_cast<int>(sizeof(Wire)),
-                           fp8};
-  }
 
   std::size_t rows_total() const {
     return static_cast<std::size_t>(shape_.local_experts()) * shape_.rows_per_expert();
@@ -414,37 +329,21 @@ class low_latency_buffer {
       transport_.signal_add(peer, slot, 1);
   }
 
-  void check_parity(const ll_handle& h, const char* op) const {
-    if (h.parity != 0 && h.parity != 1)
-      throw error(rank_, op, no_peer,
-                  "handle has parity " + std::to_string(h.parity) + ": not from a dispatch");
-  }
-
   void ensure_usable(const char* op) const {
-    if (broken_)
-      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+    check_not_broken(rank_, op, broken_);
     bool aborted = aborted_.load(std::memory_order_acquire);
     if constexpr (requires { transport_.aborted(); }) aborted = aborted || transport_.aborted();
     if (aborted) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
   }
 
-  // A transport failure (deadline, lost peer) or a protocol violation leaves
-  // peers mid-call: the buffer refuses further calls rather than mix epochs,
-  // and aborts the transport so that peers stop waiting for this rank.
+  // A transport failure (deadline, lost peer) or a protocol violation
+  // breaks the buffer and aborts the transport (call_guard.hpp).
   template <class F>
   void guarded(F&& f) {
-    try {
-      f();
-    } catch (const error& e) {
-      broken_ = e.what();
-      abort_transport(e.peer());
-      throw;
-    }
+    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_transport(culprit); });
   }
 
-  void abort_transport(int culprit = no_peer) {
-    if constexpr (requires { transport_.abort(culprit); }) transport_.abort(culprit);
-  }
+  void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
 
   [[noreturn]] void protocol_error(const char* op, int peer, const std::string& what) const {
     throw error(rank_, op, peer, "protocol mismatch: " + what);
@@ -452,13 +351,8 @@ class low_latency_buffer {
 
   std::string validate(const ll_dispatch_input& in) {
     const std::size_t h = static_cast<std::size_t>(shape_.hidden);
-    if (in.num_tokens < 0) return "num_tokens is negative";
-    if (in.num_tokens > shape_.max_tokens_per_rank)
-      return std::to_string(in.num_tokens) + " tokens exceed max_tokens_per_rank " +
-             std::to_string(shape_.max_tokens_per_rank);
-    if (in.topk < 1 || in.topk > shape_.max_topk)
-      return "topk " + std::to_string(in.topk) + " is outside [1, " +
-             std::to_string(shape_.max_topk) + "]";
+    if (std::string cause = check_ll_counts(shape_, in.num_tokens, in.topk); !cause.empty())
+      return cause;
     const std::size_t t = static_cast<std::size_t>(in.num_tokens);
     const std::size_t k = static_cast<std::size_t>(in.topk);
     if (in.x.size() != t * h)
@@ -481,13 +375,10 @@ class low_latency_buffer {
 
   std::string validate(const ll_combine_input& in, const ll_handle& h) {
     const parity_state& st = parity_[h.parity];
-    if (!st.dispatch_ok || h.epoch != st.dispatch_epoch)
-      return "handle is stale: it names dispatch " + std::to_string(h.epoch) + " of parity " +
-             std::to_string(h.parity) + ", whose outputs a later dispatch replaced";
-    if (h.num_tokens != st.num_tokens || h.topk != st.topk)
-      return "handle says T=" + std::to_string(h.num_tokens) + ", K=" + std::to_string(h.topk) +
-             " but its dispatch had T=" + std::to_string(st.num_tokens) +
-             ", K=" + std::to_string(st.topk);
+    if (std::string cause = check_ll_handle({h.parity, h.epoch, st.dispatch_epoch, st.dispatch_ok,
+                                             h.num_tokens, h.topk, st.num_tokens, st.topk});
+        !cause.empty())
+      return cause;
     const std::size_t rows = rows_total() * shape_.hidden;
     if (in.y.size() != rows)
       return "y holds " + std::to_string(in.y.size()) +
@@ -566,7 +457,6 @@ class low_latency_buffer {
     const int le = e % per_rank;
     const std::size_t word =
         plan_.dispatch_counts + (static_cast<std::size_t>(le) * world_ + rank_) * sizeof w;
-    const std::size_t counter = wire::ll::dispatch_signal(shape_, p, le, rank_);
     if constexpr (via_proxy) {
       const std::size_t rb = wire::ll::record_bytes(shape_);
       if (!direct(dst) && w.count > 0)
@@ -575,29 +465,28 @@ class low_latency_buffer {
                           static_cast<std::size_t>(e) * shape_.max_tokens_per_rank * rb),
                 at(p, plan_.dispatch_recv + wire::ll::record_index(shape_, le, rank_, 0) * rb),
                 static_cast<std::size_t>(w.count) * rb, 0, dl);
-      const std::size_t staged =
-          plan_.send_dispatch_counts + static_cast<std::size_t>(e) * sizeof w;
+    }
+    publish_count(p, dst, word, wire::ll::dispatch_signal(shape_, p, le, rank_),
+                  plan_.send_dispatch_counts + static_cast<std::size_t>(e) * sizeof w, w, dl);
+  }
+
+  void publish_combine_count(int src, int p, const wire::ll::count_word& w, const deadline& dl) {
+    publish_count(p, src, plan_.combine_counts + static_cast<std::size_t>(rank_) * sizeof w,
+                  wire::ll::combine_signal(shape_, p, rank_),
+                  plan_.send_combine_counts + static_cast<std::size_t>(src) * sizeof w, w, dl);
+  }
+
+  // Count word `w` into offset `word` of `dst`'s buffer, then one add to its
+  // signal `counter`; over RMA, staged at `staged` and put with the signal.
+  void publish_count(int p, int dst, std::size_t word, std::size_t counter, std::size_t staged,
+                     const wire::ll::count_word& w, const deadline& dl) {
+    if constexpr (via_proxy) {
       std::memcpy(local<std::byte>(p, staged), &w, sizeof w);
       enqueue(p, proxy::op_code::put_signal, dst, at(p, staged), at(p, word), sizeof w, counter,
               dl);
     } else {
       std::memcpy(remote(dst, p, word), &w, sizeof w);
       transport_.signal_add(dst, counter, 1);
-    }
-  }
-
-  void publish_combine_count(int src, int p, const wire::ll::count_word& w, const deadline& dl) {
-    const std::size_t word = plan_.combine_counts + static_cast<std::size_t>(rank_) * sizeof w;
-    const std::size_t counter = wire::ll::combine_signal(shape_, p, rank_);
-    if constexpr (via_proxy) {
-      const std::size_t staged =
-          plan_.send_combine_counts + static_cast<std::size_t>(src) * sizeof w;
-      std::memcpy(local<std::byte>(p, staged), &w, sizeof w);
-      enqueue(p, proxy::op_code::put_signal, src, at(p, staged), at(p, word), sizeof w, counter,
-              dl);
-    } else {
-      std::memcpy(remote(src, p, word), &w, sizeof w);
-      transport_.signal_add(src, counter, 1);
     }
   }
 
@@ -859,16 +748,16 @@ class low_latency_buffer {
     const auto* rows = local<const bf16>(p, plan_.combine_recv);
     bf16* out = local<bf16>(p, plan_.combine_out);
     for (int t = 0; t < t_count; ++t) {
-      std::ranges::fill(acc_, 0.0f);
+      token_rows_.clear();
+      row_weights_.clear();
       for (int j = 0; j < k; ++j) {
         const std::size_t slot = wire::ll::combine_row(shape_, t, j);
         if (sent[slot] < 0) continue;
-        const float w = weights[slot];
-        const bf16* row = rows + slot * h;
-        for (std::size_t c = 0; c < h; ++c) acc_[c] += w * to_float(row[c]);
+        token_rows_.push_back(rows + slot * h);
+        row_weights_.push_back(weights[slot]);
       }
-      bf16* o = out + static_cast<std::size_t>(t) * h;
-      for (std::size_t c = 0; c < h; ++c) o[c] = to_bf16(acc_[c]);
+      reduce_token_weighted<bf16, bf16>(out + static_cast<std::size_t>(t) * h, h, token_rows_,
+                                        row_weights_.data());
     }
   }
 
@@ -883,10 +772,11 @@ class low_latency_buffer {
   parity_state parity_[wire::ll::parities];
   int next_parity_ = 0;
   // Per-call scratch, sized once here so that no call allocates.
-  std::vector<int> next_slot_;      // [E] records written to each expert
-  std::vector<int> rows_to_rank_;   // [R] combine rows per rank
-  std::vector<std::byte> scratch_;  // one staged record
-  std::vector<float> acc_;          // [H] fp32 accumulator
+  std::vector<int> next_slot_;           // [E] records written to each expert
+  std::vector<int> rows_to_rank_;        // [R] combine rows per rank
+  std::vector<std::byte> scratch_;       // one staged record
+  std::vector<const bf16*> token_rows_;  // one token's rows in the reduction, [<= K]
+  std::vector<float> row_weights_;       // and their weights
   ll_stats stats_;
   std::optional<std::string> broken_;
   std::atomic<bool> aborted_{false};  // abort() was called, maybe from another thread

@@ -41,6 +41,7 @@
 #include "epcomm/detail/spin_wait.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/normal_mode.hpp"
+#include "epcomm/require_peer_mapped.hpp"
 #include "epcomm/token_types.hpp"
 #include "epcomm/wire.hpp"
 
@@ -112,11 +113,8 @@ class device_buffer {
         cap_(agree_capacity<Token>(boot, cfg, timeout_)),
         plan_(wire::plan_regions(cap_)),
         transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)) {
-    for (int p = 0; p < world_; ++p)
-      if (!transport_.is_peer_mapped(p))
-        throw error(rank_, "buffer", p,
-                    "rank is not peer-mapped from here; normal mode over this transport needs "
-                    "every rank in one NVLink domain");
+    require_peer_mapped(transport_, rank_, world_, "buffer",
+                        "normal mode over this transport needs every rank in one NVLink domain");
     try {
       allocate_workspace();
     } catch (...) {

@@ -50,6 +50,8 @@
 #include "epcomm/error.hpp"
 #include "epcomm/low_latency_mode.hpp"
 #include "epcomm/low_latency_wire.hpp"
+#include "epcomm/receive_hook.hpp"
+#include "epcomm/require_peer_mapped.hpp"
 #include "epcomm/token_types.hpp"
 
 namespace epcomm::cuda {
@@ -103,37 +105,12 @@ class low_latency_device_buffer {
   using dispatch_result = ll_device_dispatch_result<Wire>;
 
   // Launches a dispatch's receive phase; returned by dispatch_send.
-  class dispatch_hook {
-   public:
-    dispatch_result operator()() { return buf_->receive_dispatch(parity_, number_, stream_); }
-
-   private:
-    friend class low_latency_device_buffer;
-    dispatch_hook(low_latency_device_buffer* buf, int parity, std::uint64_t number,
-                  cudaStream_t stream)
-        : buf_(buf), parity_(parity), number_(number), stream_(stream) {}
-    low_latency_device_buffer* buf_;
-    int parity_;
-    std::uint64_t number_;
-    cudaStream_t stream_;
-  };
-
+  using dispatch_hook =
+      receive_hook<low_latency_device_buffer, dispatch_result, int, std::uint64_t, cudaStream_t>;
   // Launches a combine's receive phase and returns out[T][H] (a device
   // pointer); returned by combine_send.
-  class combine_hook {
-   public:
-    const bf16* operator()() { return buf_->receive_combine(parity_, number_, stream_); }
-
-   private:
-    friend class low_latency_device_buffer;
-    combine_hook(low_latency_device_buffer* buf, int parity, std::uint64_t number,
-                 cudaStream_t stream)
-        : buf_(buf), parity_(parity), number_(number), stream_(stream) {}
-    low_latency_device_buffer* buf_;
-    int parity_;
-    std::uint64_t number_;
-    cudaStream_t stream_;
-  };
+  using combine_hook =
+      receive_hook<low_latency_device_buffer, const bf16*, int, std::uint64_t, cudaStream_t>;
 
   // Collective: every rank constructs its buffer with the same config, with
   // the CUDA device it uses already current.
@@ -147,11 +124,8 @@ class low_latency_device_buffer {
         shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, device_limits(cfg, world_))),
         plan_(wire::ll::plan_buffer(shape_)),
         transport_(boot, plan_.total, wire::ll::signal_slots(shape_), deadline::after(timeout_)) {
-    for (int p = 0; p < world_; ++p)
-      if (!transport_.is_peer_mapped(p))
-        throw error(rank_, "low_latency_buffer", p,
-                    "rank is not peer-mapped from here; the device path needs every rank in one "
-                    "NVLink domain");
+    require_peer_mapped(transport_, rank_, world_, "low_latency_buffer",
+                        "the device path needs every rank in one NVLink domain");
     try {
       allocate_workspace();
     } catch (...) {
@@ -181,11 +155,8 @@ class low_latency_device_buffer {
     ensure_usable(dispatch_op);
     const int p = next_parity_;
     parity_state& st = parity_[p];
-    if (st.dispatch_pending || st.combine_pending)
-      throw error(rank_, dispatch_op, no_peer,
-                  "parity " + std::to_string(p) + " still has a " +
-                      (st.dispatch_pending ? "dispatch" : "combine") +
-                      " whose receive phase has not run (at most two calls in flight)");
+    check_ll_parity_idle(rank_, dispatch_op, p, st.dispatch_pending, st.combine_pending,
+                         "at most two calls in flight");
     next_parity_ ^= 1;
     const std::uint64_t number = ++st.dispatches;
     const std::string cause = check_ll_dispatch(
@@ -209,13 +180,13 @@ class low_latency_device_buffer {
       finish(stream, dispatch_op);  // throws the rejection every rank now sees
       throw error(rank_, dispatch_op, no_peer, "internal: a rejected dispatch was not reported");
     }
-    return dispatch_hook(this, p, number, stream);
+    return dispatch_hook(this, &low_latency_device_buffer::receive_dispatch, p, number, stream);
   }
 
   // Where expert outputs for `h` can be written so that combine reads them in
   // place: [E_local][R * max_tokens][H], aligned with recv_x. Pass it as y.
   bf16* combine_send_buffer(const ll_device_handle& h) {
-    check_parity(h, combine_op);
+    check_ll_handle_parity(rank_, combine_op, h.parity);
     return local<bf16>(h.parity, plan_.combine_send);
   }
 
@@ -231,18 +202,11 @@ class low_latency_device_buffer {
   combine_hook combine_send(const ll_device_combine_input& in, const ll_device_handle& h,
                             cudaStream_t stream = nullptr, bf16* out = nullptr) {
     ensure_usable(combine_op);
-    check_parity(h, combine_op);
+    check_ll_handle_parity(rank_, combine_op, h.parity);
     const int p = h.parity;
     parity_state& st = parity_[p];
-    if (st.dispatch_pending || st.combine_pending)
-      throw error(rank_, combine_op, no_peer,
-                  std::string("parity ") + std::to_string(p) + " still has a " +
-                      (st.dispatch_pending ? "dispatch" : "combine") +
-                      " whose receive phase has not run");
-    if (st.dispatches <= st.combined)
-      throw error(rank_, combine_op, no_peer,
-                  "no dispatch received on parity " + std::to_string(p) +
-                      " since its last combine (one combine per dispatch)");
+    check_ll_parity_idle(rank_, combine_op, p, st.dispatch_pending, st.combine_pending);
+    check_ll_combinable(rank_, combine_op, p, st.dispatches, st.combined);
     const std::uint64_t number = ++st.combines;
     // Even a rejected combine uses this parity's combine region, so the
     // dispatch cannot be combined again either way.
@@ -267,7 +231,7 @@ class low_latency_device_buffer {
       finish(stream, combine_op);  // throws the rejection every rank now sees
       throw error(rank_, combine_op, no_peer, "internal: a rejected combine was not reported");
     }
-    return combine_hook(this, p, number, stream);
+    return combine_hook(this, &low_latency_device_buffer::receive_combine, p, number, stream);
   }
 
   // Waits, with a deadline, for everything this buffer enqueued on `stream`
@@ -355,12 +319,6 @@ class low_latency_device_buffer {
   }
 
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-  void check_parity(const ll_device_handle& h, const char* op) const {
-    if (h.parity != 0 && h.parity != 1)
-      throw error(rank_, op, no_peer,
-                  "handle has parity " + std::to_string(h.parity) + ": not from a dispatch");
-  }
 
   void ensure_usable(const char* op) const {
     if (broken_)
