@@ -449,47 +449,40 @@ TEST_CASE("count words from another call or out of range are protocol violations
   wire::ll::count_word words[el * world] = {};
   for (auto& w : words) w = {5, 3, wire::ll::state::ok};
   wire::ll::reject_record rejects[2 * world] = {};
-  ll_report r{};
-  dispatch_verdict(scan_dispatch_words(words, el, world, 5, 8), words, rejects, el, world, 0, 5, 8,
-                   true, r);
-  CHECK(r.code == ll_failure::none);
+  // Rank 0's verdict on the words and rejects as they stand, awaiting epoch 5
+  // with room for 8 records per source.
+  auto verdict = [&] {
+    ll_report r{};
+    dispatch_verdict(scan_dispatch_words(words, el, world, 5, 8), words, rejects, el, world, 0, 5,
+                     8, true, r);
+    return r;
+  };
+  CHECK(verdict().code == ll_failure::none);
   // The host engine reads source-major: source 0's words come first, whatever
   // their local expert.
   words[1 * world + 0].count = 9;  // le 1, src 0
   words[0 * world + 1].epoch = 4;  // le 0, src 1
-  r = {};
-  dispatch_verdict(scan_dispatch_words(words, el, world, 5, 8), words, rejects, el, world, 0, 5, 8,
-                   true, r);
-  CHECK(message(r) ==
+  CHECK(message(verdict()) ==
         "epcomm: rank 0: low-latency dispatch (peer 0): protocol mismatch: 9 records announced, at "
         "most 8 fit");
   words[1 * world + 0].count = 3;
-  r = {};
-  dispatch_verdict(scan_dispatch_words(words, el, world, 5, 8), words, rejects, el, world, 0, 5, 8,
-                   true, r);
-  CHECK(message(r) ==
+  CHECK(message(verdict()) ==
         "epcomm: rank 0: low-latency dispatch (peer 1): protocol mismatch: count word of epoch 4, "
         "expected 5");
   // A reject record from another call is a violation too, attributed to its sender.
   words[0 * world + 1] = {5, 0, wire::ll::state::rejected};
   words[1 * world + 1] = {5, 0, wire::ll::state::rejected};
   rejects[1] = {4, "stale"};
-  r = {};
-  dispatch_verdict(scan_dispatch_words(words, el, world, 5, 8), words, rejects, el, world, 0, 5, 8,
-                   true, r);
-  CHECK(message(r) ==
+  CHECK(message(verdict()) ==
         "epcomm: rank 0: low-latency dispatch (peer 1): protocol mismatch: reject record of epoch "
         "4, expected 5");
   rejects[1].epoch = 5;
-  r = {};
-  dispatch_verdict(scan_dispatch_words(words, el, world, 5, 8), words, rejects, el, world, 0, 5, 8,
-                   true, r);
-  CHECK(message(r) ==
+  CHECK(message(verdict()) ==
         "epcomm: rank 0: low-latency dispatch (peer 1): that rank rejected the call: stale");
 
   wire::ll::count_word cw[world] = {{2, 4, wire::ll::state::ok}, {2, 1, wire::ll::state::ok}};
   const int expected[world] = {4, 2};
-  r = {};
+  ll_report r{};
   combine_verdict(scan_combine_words(cw, world, 2, true, expected), cw, rejects, world, 0, 2, true,
                   expected, r);
   CHECK(message(r) ==

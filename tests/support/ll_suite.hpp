@@ -24,10 +24,12 @@
 
 #include "epcomm/bootstrap/local.hpp"
 #include "epcomm/low_latency.hpp"
+#include "support/exit_codes.hpp"
 #include "support/ll_reference.hpp"
 
 namespace epcomm::test::ll {
 
+using test::all_ok;
 using test::routing;
 
 // The provider behind the transport type, as the environment selects it.
@@ -42,18 +44,6 @@ inline std::string provider_environment() {
 // two shared cores, move bytes far slower than shared memory.
 template <class Transport>
 inline constexpr bool small_shapes = !peer_mapped_transport<Transport>;
-
-// True when every rank exited 0; prints the exit codes otherwise.
-inline bool all_ok(const std::vector<int>& codes, const std::string& what) {
-  bool ok = true;
-  for (int c : codes) ok = ok && c == 0;
-  if (!ok) {
-    std::fprintf(stderr, "case failed: %s; exit codes:", what.c_str());
-    for (int c : codes) std::fprintf(stderr, " %d", c);
-    std::fprintf(stderr, "\n");
-  }
-  return ok;
-}
 
 // One call of a case: tokens < 0 lets every rank draw its own count in
 // [0, max_tokens] (a new draw per call).
@@ -72,13 +62,17 @@ struct ll_case {
   int experts = 8;
   int max_topk = 8;
   int max_tokens = 256;
-  std::vector<call_spec> calls;
+  std::vector<call_spec> calls{};  // {}: designated initializers may omit it
   path how = path::one_shot;
   bool zero_copy = false;
   bool round_scale = false;
   int dispatch_only_every = 0;  // every n-th call (pair) skips combine
   bool jitter = false;          // ranks sleep at random between calls
   std::uint64_t seed = 1;
+
+  int local_experts() const { return experts / world; }
+  // Rows each local expert has room for: max_tokens from every source rank.
+  std::size_t rows_per_expert() const { return static_cast<std::size_t>(world) * max_tokens; }
 };
 
 template <class Wire>
@@ -100,6 +94,12 @@ inline test::ll_call make_call(const ll_case& c, const call_spec& spec, std::uin
                             spec.repeat_expert);
 }
 
+// Rank `rank`'s share of `call`, as dispatch takes it.
+inline ll_dispatch_input input_of(const test::ll_call& call, int rank) {
+  const auto& in = call.in[rank];
+  return {call.tokens[rank], call.topk, in.x, in.topk_idx};
+}
+
 inline low_latency_config config_of(const ll_case& c) {
   return {c.experts, c.hidden, c.max_topk, c.max_tokens, c.round_scale, std::chrono::seconds(30)};
 }
@@ -110,8 +110,8 @@ template <class Transport, class Wire>
 int run_rank(local_bootstrap& boot, const ll_case& c) {
   const int rank = boot.rank();
   low_latency_buffer<Transport, Wire> buf(boot, config_of(c));
-  const int el = c.experts / c.world;
-  const std::size_t rows_per_expert = static_cast<std::size_t>(c.world) * c.max_tokens;
+  const int el = c.local_experts();
+  const std::size_t rows_per_expert = c.rows_per_expert();
   std::vector<bf16> own_y[2];
   for (auto& y : own_y) y.resize(el * rows_per_expert * c.hidden);
   std::vector<std::uint64_t> expected_recv(el, 0);
@@ -126,10 +126,6 @@ int run_rank(local_bootstrap& boot, const ll_case& c) {
     test::ll_call call;
     ll_dispatch_result<Wire> res;
     std::span<const bf16> y;
-  };
-  auto input = [&](const test::ll_call& call) {
-    const auto& in = call.in[rank];
-    return ll_dispatch_input{call.tokens[rank], call.topk, in.x, in.topk_idx};
   };
   auto check_dispatch = [&](flight& f) {
     if (auto e = test::check_ll_dispatch(f.call, rank, c.world, c.max_tokens, c.round_scale, f.res);
@@ -166,8 +162,8 @@ int run_rank(local_bootstrap& boot, const ll_case& c) {
     if (c.how == path::two_in_flight && i + 1 < c.calls.size()) {
       flight a{i, make_call(c, c.calls[i], c.seed + i), {}, {}};
       flight b{i + 1, make_call(c, c.calls[i + 1], c.seed + i + 1), {}, {}};
-      auto hook_a = buf.low_latency_dispatch_send(input(a.call));
-      auto hook_b = buf.low_latency_dispatch_send(input(b.call));
+      auto hook_a = buf.low_latency_dispatch_send(input_of(a.call, rank));
+      auto hook_b = buf.low_latency_dispatch_send(input_of(b.call, rank));
       b.res = hook_b();    // receive phases in either order
       maybe_sleep(i + 1);  // a peer may meanwhile finish this pair and send the next
       a.res = hook_a();
@@ -187,9 +183,9 @@ int run_rank(local_bootstrap& boot, const ll_case& c) {
     }
     flight f{i, make_call(c, c.calls[i], c.seed + i), {}, {}};
     if (c.how == path::one_shot) {
-      f.res = buf.low_latency_dispatch(input(f.call));
+      f.res = buf.low_latency_dispatch(input_of(f.call, rank));
     } else {
-      auto hook = buf.low_latency_dispatch_send(input(f.call));
+      auto hook = buf.low_latency_dispatch_send(input_of(f.call, rank));
       maybe_sleep(i + 1);
       f.res = hook();
     }
@@ -244,26 +240,42 @@ bool on_every_rank(
   return all_ok(codes, describe<Wire>(c));
 }
 
+// The expert outputs for `res`, written in place into the buffer's combine
+// send buffer (zero copy), as the combine input that returns them.
+template <class Transport, class Wire>
+ll_combine_input zero_copy_outputs(low_latency_buffer<Transport, Wire>& buf, const ll_case& c,
+                                   const test::ll_call& call, int rank,
+                                   const ll_dispatch_result<Wire>& res) {
+  auto y = buf.combine_send_buffer(res.handle);
+  test::ll_expert_rows(res, rank, c.local_experts(), c.hidden, c.rows_per_expert(), y);
+  const auto& in = call.in[rank];
+  return {y, in.topk_idx, in.topk_weights};
+}
+
+// One dispatch and zero-copy combine of `call`, each checked against the
+// reference. Returns 0, or prints what differed (after `when`) and returns
+// `code` for a wrong dispatch, `code + 1` for a wrong combine.
+template <class Transport, class Wire>
+int checked_round_trip(low_latency_buffer<Transport, Wire>& buf, const ll_case& c,
+                       const test::ll_call& call, int rank, const char* when, int code) {
+  const auto res = buf.low_latency_dispatch(input_of(call, rank));
+  if (auto e = test::check_ll_dispatch(call, rank, c.world, c.max_tokens, false, res); !e.empty()) {
+    std::fprintf(stderr, "rank %d: %s: %s\n", rank, when, e.c_str());
+    return code;
+  }
+  const auto out = buf.low_latency_combine(zero_copy_outputs(buf, c, call, rank, res), res.handle);
+  if (auto e = test::check_ll_combine<Wire>(call, rank, false, out); !e.empty()) {
+    std::fprintf(stderr, "rank %d: %s: %s\n", rank, when, e.c_str());
+    return code + 1;
+  }
+  return 0;
+}
+
 // One valid dispatch and combine, checked: the buffer still works.
 template <class Transport, class Wire>
 int still_works(low_latency_buffer<Transport, Wire>& buf, const ll_case& c, int rank,
                 std::uint64_t seed) {
-  const auto call = make_call(c, {5, 2}, seed);
-  const auto& in = call.in[rank];
-  const auto res = buf.low_latency_dispatch({call.tokens[rank], call.topk, in.x, in.topk_idx});
-  if (auto e = test::check_ll_dispatch(call, rank, c.world, c.max_tokens, false, res); !e.empty()) {
-    std::fprintf(stderr, "rank %d: after the error: %s\n", rank, e.c_str());
-    return 10;
-  }
-  auto y = buf.combine_send_buffer(res.handle);
-  test::ll_expert_rows(res, rank, c.experts / c.world, c.hidden,
-                       static_cast<std::size_t>(c.world) * c.max_tokens, y);
-  const auto out = buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
-  if (auto e = test::check_ll_combine<Wire>(call, rank, false, out); !e.empty()) {
-    std::fprintf(stderr, "rank %d: after the error: %s\n", rank, e.c_str());
-    return 11;
-  }
-  return 0;
+  return checked_round_trip(buf, c, make_call(c, {5, 2}, seed), rank, "after the error", 10);
 }
 
 // The error a call must raise: text it contains and the peer it names.
@@ -288,96 +300,97 @@ inline int expect_error(int rank, const std::function<void()>& call, const std::
   return expect_error(rank, call, text, {peer});
 }
 
+// A rejected call: it must raise the error expect_error describes, and the
+// buffer must still work afterwards (with a call drawn from `seed`).
+template <class Transport, class Wire>
+int rejected_then_works(low_latency_buffer<Transport, Wire>& buf, const ll_case& c, int rank,
+                        const std::function<void()>& call, const std::string& text, int peer,
+                        std::uint64_t seed) {
+  const int code = expect_error(rank, call, text, peer);
+  return code != 0 ? code : still_works(buf, c, rank, seed);
+}
+
 }  // namespace epcomm::test::ll
 
-// Names the transport and its provider in every assertion of a case.
-#define EPCOMM_LL_CONTEXT(T) \
+// Opens every case: the suite's names in scope, and the transport and its
+// provider named in every assertion, so a failure says which one failed.
+#define EPCOMM_LL_CASE(T)           \
+  using namespace epcomm;           \
+  using namespace epcomm::test::ll; \
   INFO("transport: ", doctest::toString<T>(), epcomm::test::ll::provider_environment())
 
 TEST_CASE_TEMPLATE_DEFINE("token counts from 0 to max_tokens_per_rank over 1-4 ranks, both wires",
                           Transport, ll_counts) {
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
+  EPCOMM_LL_CASE(Transport);
   constexpr bool small = small_shapes<Transport>;
   const int max = small ? 32 : 256;
   const std::vector<call_spec> calls{{0, 1}, {1, 2}, {7, 4}, {max / 2, 8}, {max, 3}, {max, 8}};
   for (int world : {1, 2, 3, 4}) {
     CAPTURE(world);
-    ll_case c;
-    c.world = world;
-    c.hidden = small ? 512 : 2048;
-    c.experts = world == 3 ? 9 : 8;
-    c.max_tokens = max;
-    c.calls = calls;
-    c.seed = 100 + world;
+    const ll_case c{.world = world,
+                    .hidden = small ? 512 : 2048,
+                    .experts = world == 3 ? 9 : 8,
+                    .max_tokens = max,
+                    .calls = calls,
+                    .seed = static_cast<std::uint64_t>(100 + world)};
     CHECK(run_both_wires<Transport>(c));
   }
 }
 
 TEST_CASE_TEMPLATE_DEFINE("wide hidden with few tokens", Transport, ll_wide) {
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
+  EPCOMM_LL_CASE(Transport);
   for (int world : {2, 4}) {
     for (int hidden : {4096, 7168}) {
       CAPTURE(world);
       CAPTURE(hidden);
-      ll_case c;
-      c.world = world;
-      c.hidden = hidden;
-      c.max_tokens = 8;
-      c.experts = 16;
-      c.calls = {{1, 8}, {7, 8}, {8, 1}, {0, 4}};
-      c.seed = 200 + world + hidden;
+      const ll_case c{.world = world,
+                      .hidden = hidden,
+                      .experts = 16,
+                      .max_tokens = 8,
+                      .calls = {{1, 8}, {7, 8}, {8, 1}, {0, 4}},
+                      .seed = static_cast<std::uint64_t>(200 + world + hidden)};
       CHECK(run_both_wires<Transport>(c));
     }
   }
 }
 
 TEST_CASE_TEMPLATE_DEFINE("fp8 scales rounded to powers of two", Transport, ll_round_scale) {
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 2;
-  c.max_tokens = 64;
-  c.calls = {{64, 8}, {13, 2}};
-  c.round_scale = true;
-  c.seed = 300;
-  CHECK(run_case<Transport, epcomm::fp8_e4m3>(c));
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{
+      .world = 2, .max_tokens = 64, .calls = {{64, 8}, {13, 2}}, .round_scale = true, .seed = 300};
+  CHECK(run_case<Transport, fp8_e4m3>(c));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("adversarial routing", Transport, ll_adversarial) {
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 4;
-  c.max_tokens = 32;
+  EPCOMM_LL_CASE(Transport);
   // one_expert fills expert 0's whole R * max_tokens rows.
-  c.calls = {{32, 8, routing::uneven},         {32, 1, routing::one_expert},
-             {32, 4, routing::none},           {32, 4, routing::starve_last},
-             {32, 2, routing::duplicate_rank}, {32, 6, routing::random, true},
-             {-1, 8, routing::uneven}};
-  c.seed = 400;
+  const ll_case c{.world = 4,
+                  .max_tokens = 32,
+                  .calls = {{32, 8, routing::uneven},
+                            {32, 1, routing::one_expert},
+                            {32, 4, routing::none},
+                            {32, 4, routing::starve_last},
+                            {32, 2, routing::duplicate_rank},
+                            {32, 6, routing::random, true},
+                            {-1, 8, routing::uneven}},
+                  .seed = 400};
   CHECK(run_both_wires<Transport>(c));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("100 back-to-back calls with new routings leave no stale state",
                           Transport, ll_back_to_back) {
-  using namespace epcomm::test::ll;
-  using epcomm::bf16;
-  using epcomm::fp8_e4m3;
-  EPCOMM_LL_CONTEXT(Transport);
+  EPCOMM_LL_CASE(Transport);
   constexpr bool small = small_shapes<Transport>;
-  ll_case c;
-  c.world = 3;
-  c.hidden = small ? 512 : 2048;
-  c.experts = 6;
-  c.max_topk = 4;
-  c.max_tokens = small ? 8 : 24;
+  ll_case c{.world = 3,
+            .hidden = small ? 512 : 2048,
+            .experts = 6,
+            .max_topk = 4,
+            .max_tokens = small ? 8 : 24,
+            .dispatch_only_every = 5,
+            .jitter = true,
+            .seed = 500};
   for (int i = 0; i < 100; ++i)
     c.calls.push_back({-1, 1 + i % 4, i % 7 == 3 ? routing::uneven : routing::random});
-  c.dispatch_only_every = 5;
-  c.jitter = true;
-  c.seed = 500;
   SUBCASE("one-shot") { CHECK(run_case<Transport, bf16>(c)); }
   SUBCASE("split phase, zero copy") {
     c.how = path::split;
@@ -394,23 +407,19 @@ TEST_CASE_TEMPLATE_DEFINE("100 back-to-back calls with new routings leave no sta
 
 TEST_CASE_TEMPLATE_DEFINE("split phase gives the one-shot results bit for bit", Transport,
                           ll_split_bitwise) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
+  EPCOMM_LL_CASE(Transport);
   constexpr bool small = small_shapes<Transport>;
-  ll_case c;
-  c.world = 3;
-  c.hidden = small ? 512 : 2048;
-  c.experts = 6;
-  c.max_topk = 4;
-  c.max_tokens = small ? 16 : 48;
-  c.seed = 600;
+  const ll_case c{.world = 3,
+                  .hidden = small ? 512 : 2048,
+                  .experts = 6,
+                  .max_topk = 4,
+                  .max_tokens = small ? 16 : 48,
+                  .seed = 600};
   CHECK(on_every_rank<Transport, fp8_e4m3>(c, [&](auto& buf, int rank) {
     const auto call = make_call(c, {-1, 4, routing::uneven}, 601);
-    const auto& in = call.in[rank];
-    const ll_dispatch_input din{call.tokens[rank], call.topk, in.x, in.topk_idx};
-    const int el = c.experts / c.world;
-    const std::size_t rpe = static_cast<std::size_t>(c.world) * c.max_tokens;
+    const ll_dispatch_input din = input_of(call, rank);
+    const int el = c.local_experts();
+    const std::size_t rpe = c.rows_per_expert();
     // Everything a call returns, copied out of the buffer's views.
     auto snapshot = [&](const ll_dispatch_result<fp8_e4m3>& res, std::span<const bf16> out) {
       std::vector<std::byte> s;
@@ -429,13 +438,9 @@ TEST_CASE_TEMPLATE_DEFINE("split phase gives the one-shot results bit for bit", 
       add(out);
       return s;
     };
-    auto y_for = [&](const ll_dispatch_result<fp8_e4m3>& res) {
-      auto y = buf.combine_send_buffer(res.handle);
-      test::ll_expert_rows(res, rank, el, c.hidden, rpe, y);
-      return ll_combine_input{y, in.topk_idx, in.topk_weights};
-    };
     const auto one = buf.low_latency_dispatch(din);
-    const auto one_out = buf.low_latency_combine(y_for(one), one.handle);
+    const auto one_out =
+        buf.low_latency_combine(zero_copy_outputs(buf, c, call, rank, one), one.handle);
     const auto reference = snapshot(one, one_out);
     if (auto e = test::check_ll_combine<fp8_e4m3>(call, rank, false, one_out); !e.empty()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, e.c_str());
@@ -443,7 +448,8 @@ TEST_CASE_TEMPLATE_DEFINE("split phase gives the one-shot results bit for bit", 
     }
     auto hook = buf.low_latency_dispatch_send(din);
     const auto split = hook();
-    auto comb = buf.low_latency_combine_send(y_for(split), split.handle);
+    auto comb =
+        buf.low_latency_combine_send(zero_copy_outputs(buf, c, call, rank, split), split.handle);
     if (snapshot(split, comb()) != reference) {
       std::fprintf(stderr, "rank %d: split-phase results differ from one-shot\n", rank);
       return 2;
@@ -454,29 +460,20 @@ TEST_CASE_TEMPLATE_DEFINE("split phase gives the one-shot results bit for bit", 
 
 TEST_CASE_TEMPLATE_DEFINE("more tokens than max_tokens_per_rank fails every rank promptly",
                           Transport, ll_too_many_tokens) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 3;
-  c.experts = 6;
-  c.max_topk = 4;
-  c.max_tokens = 16;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 3, .experts = 6, .max_topk = 4, .max_tokens = 16};
   const auto start = steady::now();
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
-    auto call = make_call(c, {16, 2}, 700);
+    const auto call = make_call(c, {16, 2}, 700);
     std::vector<bf16> x17(17 * c.hidden);
     std::vector<std::int64_t> idx17(17 * 2, 0);
-    ll_dispatch_input in{16, 2, call.in[rank].x, call.in[rank].topk_idx};
+    ll_dispatch_input in = input_of(call, rank);
     if (rank == 1) in = {17, 2, x17, idx17};
-    const int code = rank == 1
-                         ? expect_error(
-                               rank, [&] { buf.low_latency_dispatch(in); },
-                               "invalid input: 17 tokens exceed max_tokens_per_rank 16", no_peer)
-                         : expect_error(
-                               rank, [&] { buf.low_latency_dispatch(in); },
-                               "that rank rejected the call: 17 tokens exceed", 1);
-    return code != 0 ? code : still_works(buf, c, rank, 701);
+    return rejected_then_works(
+        buf, c, rank, [&] { buf.low_latency_dispatch(in); },
+        rank == 1 ? "invalid input: 17 tokens exceed max_tokens_per_rank 16"
+                  : "that rank rejected the call: 17 tokens exceed",
+        rank == 1 ? no_peer : 1, 701);
   }));
   // The deadline is 20 s: agreement came from the count words, not a timeout.
   CHECK(steady::now() - start < std::chrono::seconds(10));
@@ -484,38 +481,23 @@ TEST_CASE_TEMPLATE_DEFINE("more tokens than max_tokens_per_rank fails every rank
 
 TEST_CASE_TEMPLATE_DEFINE("an expert id out of range on one rank fails every rank", Transport,
                           ll_bad_expert) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 4;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 4, .max_tokens = 8};
   CHECK(on_every_rank<Transport, fp8_e4m3>(c, [&](auto& buf, int rank) {
     auto call = make_call(c, {8, 2}, 800);
-    auto& in = call.in[rank];
-    if (rank == 3) in.topk_idx[5] = 8;
+    if (rank == 3) call.in[rank].topk_idx[5] = 8;
     // The split path rejects in its send phase on the culprit and in the
     // receive phase on the others.
-    const int code = expect_error(
-        rank,
-        [&] {
-          buf.low_latency_dispatch_send({8, 2, in.x, in.topk_idx})();
-        },
-        "topk_idx[2][1] = 8 is outside [-1, 8)", rank == 3 ? no_peer : 3);
-    return code != 0 ? code : still_works(buf, c, rank, 801);
+    return rejected_then_works(
+        buf, c, rank, [&] { buf.low_latency_dispatch_send(input_of(call, rank))(); },
+        "topk_idx[2][1] = 8 is outside [-1, 8)", rank == 3 ? no_peer : 3, 801);
   }));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("an expert named more than max_tokens_per_rank times is rejected",
                           Transport, ll_expert_overflow) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 2;
-  c.experts = 4;
-  c.max_topk = 2;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 2, .experts = 4, .max_topk = 2, .max_tokens = 8};
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
     // Rank 0's first `tokens` tokens name expert 3 (on rank 1) in both
     // top-k slots, the others experts 0 and 1: two rows per token in region
@@ -529,122 +511,83 @@ TEST_CASE_TEMPLATE_DEFINE("an expert named more than max_tokens_per_rank times i
       return call;
     };
     // Exactly full: accepted and checked.
-    const auto full = doubled(4, 1700);
-    const auto& in = full.in[rank];
-    const auto res = buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
-    if (auto e = test::check_ll_dispatch(full, rank, c.world, c.max_tokens, false, res);
-        !e.empty()) {
-      std::fprintf(stderr, "rank %d: a full region: %s\n", rank, e.c_str());
-      return 20;
-    }
-    auto y = buf.combine_send_buffer(res.handle);
-    test::ll_expert_rows(res, rank, c.experts / c.world, c.hidden,
-                         static_cast<std::size_t>(c.world) * c.max_tokens, y);
-    const auto out = buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
-    if (auto e = test::check_ll_combine<bf16>(full, rank, false, out); !e.empty()) {
-      std::fprintf(stderr, "rank %d: a full region: %s\n", rank, e.c_str());
-      return 21;
-    }
+    if (const int code = checked_round_trip(buf, c, doubled(4, 1700), rank, "a full region", 20);
+        code != 0)
+      return code;
     // One row more: rejected before any record moves.
     const auto over = doubled(5, 1701);
-    const auto& bad = over.in[rank];
-    const int code = expect_error(
-        rank,
-        [&] {
-          buf.low_latency_dispatch({8, 2, bad.x, bad.topk_idx});
-        },
-        "expert 3 is named more than max_tokens_per_rank (8) times", rank == 0 ? no_peer : 0);
-    return code != 0 ? code : still_works(buf, c, rank, 1702);
+    return rejected_then_works(
+        buf, c, rank, [&] { buf.low_latency_dispatch(input_of(over, rank)); },
+        "expert 3 is named more than max_tokens_per_rank (8) times", rank == 0 ? no_peer : 0, 1702);
   }));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("bad combine input on one rank fails every rank", Transport,
                           ll_bad_combine) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 3;
-  c.experts = 6;
-  c.max_topk = 4;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 3, .experts = 6, .max_topk = 4, .max_tokens = 8};
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
-    auto call = make_call(c, {8, 2}, 900);
+    const auto call = make_call(c, {8, 2}, 900);
     const auto& in = call.in[rank];
-    const auto res = buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
+    const auto res = buf.low_latency_dispatch(input_of(call, rank));
     auto y = buf.combine_send_buffer(res.handle);
     if (rank == 2) y = y.first(y.size() - 1);
-    const int code = expect_error(
-        rank,
+    return rejected_then_works(
+        buf, c, rank,
         [&] {
           buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
         },
-        "y holds", rank == 2 ? no_peer : 2);
-    return code != 0 ? code : still_works(buf, c, rank, 901);
+        "y holds", rank == 2 ? no_peer : 2, 901);
   }));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("topk_idx that differs from the dispatched one is rejected", Transport,
                           ll_changed_topk) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 2;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 2, .max_tokens = 8};
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
     auto call = make_call(c, {8, 2}, 1000);
     auto& in = call.in[rank];
-    const auto res = buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
+    const auto res = buf.low_latency_dispatch(input_of(call, rank));
     if (rank == 0) in.topk_idx[3] = in.topk_idx[3] == 0 ? 1 : 0;
-    const int code = expect_error(
-        rank,
+    return rejected_then_works(
+        buf, c, rank,
         [&] {
           buf.low_latency_combine(
               {buf.combine_send_buffer(res.handle), in.topk_idx, in.topk_weights}, res.handle);
         },
-        "topk_idx[1][1] differs from the dispatched id", rank == 0 ? no_peer : 0);
-    return code != 0 ? code : still_works(buf, c, rank, 1001);
+        "topk_idx[1][1] differs from the dispatched id", rank == 0 ? no_peer : 0, 1001);
   }));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a stale handle is rejected on every rank", Transport, ll_stale_handle) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 2;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 2, .max_tokens = 8};
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
-    auto call = make_call(c, {4, 2}, 1100);
-    const auto& in = call.in[rank];
-    const ll_dispatch_input din{4, 2, in.x, in.topk_idx};
+    const auto call = make_call(c, {4, 2}, 1100);
+    const ll_dispatch_input din = input_of(call, rank);
     const auto first = buf.low_latency_dispatch(din);
     buf.low_latency_dispatch(din);
     buf.low_latency_dispatch(din);  // parity 0 again: first's outputs are gone
-    const int code = expect_error(
-        rank,
+    const auto& in = call.in[rank];
+    return rejected_then_works(
+        buf, c, rank,
         [&] {
           buf.low_latency_combine(
               {buf.combine_send_buffer(first.handle), in.topk_idx, in.topk_weights}, first.handle);
         },
-        "handle is stale", no_peer);
-    return code != 0 ? code : still_works(buf, c, rank, 1101);
+        "handle is stale", no_peer, 1101);
   }));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("misuse one rank can see alone throws before anything is sent", Transport,
                           ll_misuse) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 2;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 2, .max_tokens = 8};
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
-    auto call = make_call(c, {6, 2}, 1200);
+    const auto call = make_call(c, {6, 2}, 1200);
     const auto& in = call.in[rank];
-    const ll_dispatch_input din{6, 2, in.x, in.topk_idx};
+    const ll_dispatch_input din = input_of(call, rank);
     auto a = buf.low_latency_dispatch_send(din);
     auto b = buf.low_latency_dispatch_send(din);
     int code = expect_error(
@@ -657,28 +600,21 @@ TEST_CASE_TEMPLATE_DEFINE("misuse one rank can see alone throws before anything 
     b();
     const ll_combine_input cin{buf.combine_send_buffer(ra.handle), in.topk_idx, in.topk_weights};
     buf.low_latency_combine(cin, ra.handle);
-    code = expect_error(
-        rank, [&] { buf.low_latency_combine(cin, ra.handle); }, "one combine per dispatch",
-        no_peer);
-    return code != 0 ? code : still_works(buf, c, rank, 1201);
+    return rejected_then_works(
+        buf, c, rank, [&] { buf.low_latency_combine(cin, ra.handle); }, "one combine per dispatch",
+        no_peer, 1201);
   }));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("statistics name the straggler", Transport, ll_stats) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 3;
-  c.experts = 6;
-  c.max_topk = 4;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 3, .experts = 6, .max_topk = 4, .max_tokens = 8};
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
     constexpr int straggler = 2;
-    auto call = make_call(c, {8, 3}, 1300);
+    const auto call = make_call(c, {8, 3}, 1300);
     const auto& in = call.in[rank];
     if (rank == straggler) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const auto res = buf.low_latency_dispatch({8, 3, in.x, in.topk_idx});
+    const auto res = buf.low_latency_dispatch(input_of(call, rank));
     if (rank == straggler) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     auto y = buf.combine_send_buffer(res.handle);
     buf.low_latency_combine({y, in.topk_idx, in.topk_weights}, res.handle);
@@ -703,14 +639,8 @@ TEST_CASE_TEMPLATE_DEFINE("statistics name the straggler", Transport, ll_stats) 
 
 TEST_CASE_TEMPLATE_DEFINE("a peer that exits makes the survivors fail fast", Transport,
                           ll_dead_peer) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 3;
-  c.experts = 6;
-  c.max_topk = 4;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 3, .experts = 6, .max_topk = 4, .max_tokens = 8};
   // Over shared memory the survivors see the process gone; over a fabric the
   // first sign may also be its goodbye or a failed write to it, depending on
   // the provider. Each names the peer.
@@ -725,36 +655,25 @@ TEST_CASE_TEMPLATE_DEFINE("a peer that exits makes the survivors fail fast", Tra
   const auto start = steady::now();
   CHECK(on_every_rank<Transport>(c, [&](auto& buf, int rank) {
     if (rank == 1) return 0;  // leaves without dispatching
-    auto call = make_call(c, {8, 2}, 1400);
-    const auto& in = call.in[rank];
+    const auto call = make_call(c, {8, 2}, 1400);
     return expect_error(
-        rank,
-        [&] {
-          buf.low_latency_dispatch({8, 2, in.x, in.topk_idx});
-        },
-        sign, fi_shm ? std::initializer_list<int>{1, 0} : std::initializer_list<int>{1});
+        rank, [&] { buf.low_latency_dispatch(input_of(call, rank)); }, sign,
+        fi_shm ? std::initializer_list<int>{1, 0} : std::initializer_list<int>{1});
   }));
   CHECK(steady::now() - start < std::chrono::seconds(10));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a rank that leaves after a dispatch-only call does not stall its peers",
                           Transport, ll_teardown) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 2;
-  c.experts = 4;
-  c.max_topk = 2;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 2, .experts = 4, .max_topk = 2, .max_tokens = 8};
   const auto codes = launch_local(c.world, [&](local_bootstrap& boot) {
     const int rank = boot.rank();
     steady::time_point leaving;
     {
       low_latency_buffer<Transport> buf(boot, config_of(c));
       const auto call = make_call(c, {8, 2}, 1800);
-      const auto& in = call.in[rank];
-      auto hook = buf.low_latency_dispatch_send({8, 2, in.x, in.topk_idx});
+      auto hook = buf.low_latency_dispatch_send(input_of(call, rank));
       // Rank 1 releases rank 0's records late, after rank 0 began to leave:
       // rank 0 must still be there to take that release.
       if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -782,12 +701,8 @@ TEST_CASE_TEMPLATE_DEFINE("a rank that leaves after a dispatch-only call does no
 
 TEST_CASE_TEMPLATE_DEFINE("a stalled peer gives a deadline error and an unusable buffer", Transport,
                           ll_stalled_peer) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
-  ll_case c;
-  c.world = 2;
-  c.max_tokens = 8;
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 2, .max_tokens = 8};
   CHECK(on_every_rank<Transport>(
       c,
       [&](auto& buf, int rank) {
@@ -795,9 +710,8 @@ TEST_CASE_TEMPLATE_DEFINE("a stalled peer gives a deadline error and an unusable
           std::this_thread::sleep_for(std::chrono::milliseconds(1500));
           return 0;
         }
-        auto call = make_call(c, {8, 2}, 1500);
-        const auto& in = call.in[rank];
-        const ll_dispatch_input din{8, 2, in.x, in.topk_idx};
+        const auto call = make_call(c, {8, 2}, 1500);
+        const ll_dispatch_input din = input_of(call, rank);
         const int code = expect_error(
             rank, [&] { buf.low_latency_dispatch(din); },
             "deadline expired waiting for dispatch records", 1);
@@ -810,9 +724,7 @@ TEST_CASE_TEMPLATE_DEFINE("a stalled peer gives a deadline error and an unusable
 
 TEST_CASE_TEMPLATE_DEFINE("configs that disagree fail at construction on every rank", Transport,
                           ll_config_mismatch) {
-  using namespace epcomm;
-  using namespace epcomm::test::ll;
-  EPCOMM_LL_CONTEXT(Transport);
+  EPCOMM_LL_CASE(Transport);
   const auto codes = launch_local(3, [](local_bootstrap& boot) {
     low_latency_config cfg{6, boot.rank() == 1 ? 256 : 128, 2, 8, false, std::chrono::seconds(5)};
     return expect_error(
