@@ -193,7 +193,7 @@ TEST_CASE("judge_combine rejects like the host engine") {
   const std::size_t slot = wire::align_up(sizeof(wire::combine_header), 64);
   std::vector<std::byte> bytes(slot * world);
   auto at = [&](int s) { return reinterpret_cast<wire::combine_header*>(bytes.data() + slot * s); };
-  for (int s = 0; s < world; ++s) *at(s) = {4, wire::status::ok, 1, {}};
+  for (int s = 0; s < world; ++s) *at(s) = {4, wire::status::ok, 1, 0, {}};
   report r{};
   judge_combine(bytes.data(), slot, world, 0, 4, r);
   CHECK(r.code == failure::none);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -234,7 +235,9 @@ int run_rank(epcomm::local_bootstrap& boot, const options& o) {
   // The experts of this rank: y = sum over local experts k of w_k * expert(x).
   const int per_rank = o.experts / o.ranks;
   const int n = res.num_recv_tokens;
-  std::vector<out_t> y(static_cast<std::size_t>(n) * h);
+  // The experts write their outputs straight into the buffer, where combine
+  // reads them in place (no copy of y).
+  const std::span<out_t> y = buf.combine_send_buffer(res.handle);
   std::vector<float> row(h);
   for (int i = 0; i < n; ++i) {
     row_as_float(res.recv_x.data() + i * h,

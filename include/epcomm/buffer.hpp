@@ -21,8 +21,10 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "epcomm/call_guard.hpp"
 #include "epcomm/capacity_agreement.hpp"
 #include "epcomm/combine_reduce.hpp"
 #include "epcomm/concepts.hpp"
@@ -30,7 +32,9 @@
 #include "epcomm/fault_injection.hpp"
 #include "epcomm/layout.hpp"
 #include "epcomm/normal_mode.hpp"
+#include "epcomm/normal_verdict.hpp"
 #include "epcomm/proxy/engine.hpp"
+#include "epcomm/require_peer_mapped.hpp"
 #include "epcomm/token_types.hpp"
 #include "epcomm/topology.hpp"
 #include "epcomm/wire.hpp"
@@ -54,16 +58,12 @@ class buffer {
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         cap_(agree_capacity<Token>(boot, cfg, timeout_)),
-        plan_(wire::plan_regions(cap_, via_proxy)),
+        plan_(wire::plan_regions(cap_, via_proxy, !via_proxy)),
         transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)),
         proxy_(transport_) {
-    if constexpr (!via_proxy) {
-      for (int p = 0; p < world_; ++p)
-        if (!transport_.is_peer_mapped(p))
-          throw error(rank_, "buffer", p,
-                      "rank is not peer-mapped from here; normal mode over this transport needs "
-                      "every rank on one node");
-    }
+    if constexpr (!via_proxy)
+      require_peer_mapped(transport_, rank_, world_, "buffer",
+                          "normal mode over this transport needs every rank on one node");
   }
 
   int rank() const { return rank_; }
@@ -97,11 +97,12 @@ class buffer {
         await(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify counts"});
     });
     const auto peers = read_notify();
-    settle_on_failure([&] { check_notify(peers, epoch); }, wire::signal_kind::data, epoch, dl,
-                      "dispatch");
+    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers); },
+                      wire::signal_kind::data, epoch, dl, "dispatch");
 
     dispatch_result<Token> res;
-    res.handle = make_handle(in, lay, peers);
+    res.handle =
+        make_dispatch_handle(rank_, in.num_tokens, in.hidden, in.topk, peers, lay.send_pos);
     guarded([&] {
       inject(fault::point::mid_dispatch, "dispatch");
       send_rows(in, lay, res.handle, topo, dl);
@@ -112,6 +113,20 @@ class buffer {
     return res;
   }
 
+  // Where the expert outputs for `h` can be written ([num_recv_tokens][hidden],
+  // receive order) so that a combine given exactly this span as y leaves them
+  // in place: each source reduces its rows straight from this rank's buffer,
+  // and nothing is copied. Peer-mapped transports only. The rows must stay
+  // untouched until that combine returns; it returns once every source has
+  // read them.
+  std::span<combine_t> combine_send_buffer(const dispatch_handle& h) requires(!via_proxy) {
+    if (h.world_size != world_ || h.rank != rank_ || h.hidden < 1 || h.hidden > cap_.max_hidden ||
+        h.num_recv_tokens < 0 || h.num_recv_tokens > cap_.max_recv_tokens)
+      throw error(rank_, "combine_send_buffer", no_peer,
+                  "invalid input: the handle does not come from this buffer's dispatch");
+    return {combine_y(), static_cast<std::size_t>(h.num_recv_tokens) * h.hidden};
+  }
+
   // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given)
   // without allocating.
   void combine(const combine_input<combine_t>& in, const dispatch_handle& h,
@@ -120,24 +135,27 @@ class buffer {
     const std::uint64_t epoch = ++combine_epoch_;
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in, h, out_x, out_weights);
+    const bool in_place = left_in_place(in, h);
 
     guarded([&] {
-      post_combine_status(cause, in.topk_weights.has_value(), epoch, dl);
+      post_combine_status(cause, in.topk_weights.has_value(), in_place, epoch, dl);
       for (int s = 0; s < world_; ++s)
         await(wire::signal_kind::combine_ready, s, epoch, dl, {"combine", s, "combine readiness"});
     });
-    settle_on_failure([&] { check_combine_status(epoch); }, wire::signal_kind::combine_data, epoch,
-                      dl, "combine");
+    std::vector<wire::combine_header> status;
+    settle_on_failure([&] { status = check_combine_status(epoch); },
+                      wire::signal_kind::combine_data, epoch, dl, "combine");
     guarded([&] {
       inject(fault::point::mid_combine, "combine");
       if constexpr (via_proxy)
         put_combine_rows(in, h, dl);
       else
-        return_rows(in, h);
+        return_rows(in, h, in_place);
       for (int r = 0; r < world_; ++r)
         await(wire::signal_kind::combine_data, r, epoch, dl, {"combine", r, "combined rows"});
     });
-    reduce(in, h, out_x, out_weights);
+    reduce(in, h, status, out_x, out_weights);
+    if constexpr (!via_proxy) release_in_place_rows(status, in_place, dl);
   }
 
   combine_result<combine_t> combine(const combine_input<combine_t>& in, const dispatch_handle& h) {
@@ -205,30 +223,19 @@ class buffer {
   }
 
   void ensure_usable(const char* op) const {
-    if (broken_)
-      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+    check_not_broken(rank_, op, broken_);
     if constexpr (requires { transport_.aborted(); })
       if (transport_.aborted())
         throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
   }
 
-  // A transport failure (deadline, lost peer) leaves peers mid-protocol: the
-  // buffer refuses further calls rather than mix epochs, and aborts the
-  // transport so that peers stop waiting for this rank.
+  // See call_guard.hpp: a failed call breaks the buffer and aborts the group.
   template <class F>
   void guarded(F&& f) {
-    try {
-      f();
-    } catch (const error& e) {
-      broken_ = e.what();
-      abort_transport(e.peer());
-      throw;
-    }
+    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_transport(culprit); });
   }
 
-  void abort_transport(int culprit = no_peer) {
-    if constexpr (requires { transport_.abort(culprit); }) transport_.abort(culprit);
-  }
+  void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
 
   void await(wire::signal_kind kind, int peer, std::uint64_t epoch, const deadline& dl,
              wait_site site) {
@@ -345,66 +352,6 @@ class buffer {
       peers[s].tokens_per_local_expert.assign(counts + world_, counts + world_ + per_rank);
     }
     return peers;
-  }
-
-  // Every rank sees the same headers, so every rank reaches the same verdict:
-  // either all go on to move payload or all throw here.
-  void check_notify(const std::vector<peer_notify>& peers, std::uint64_t epoch) const {
-    for (int s = 0; s < world_; ++s) {
-      const auto& h = peers[s].header;
-      if (h.magic != wire::magic || h.epoch != epoch)
-        throw error(rank_, "dispatch", s,
-                    "protocol mismatch: notify epoch " + std::to_string(h.epoch) + ", expected " +
-                        std::to_string(epoch));
-      if (h.state != wire::status::ok)
-        throw error(
-            rank_, "dispatch", s == rank_ ? no_peer : s,
-            std::string(s == rank_ ? "invalid input: " : "invalid input on that rank: ") + h.cause);
-    }
-    const auto& ref = peers[0].header;
-    for (int s = 1; s < world_; ++s) {
-      const auto& h = peers[s].header;
-      auto differs = [&](const char* what, int there, int on0) {
-        if (there != on0)
-          throw error(rank_, "dispatch", s,
-                      std::string(what) + " " + std::to_string(there) +
-                          " on that rank disagrees with " + std::to_string(on0) + " on rank 0");
-      };
-      differs("hidden", h.hidden, ref.hidden);
-      differs("topk", h.topk, ref.topk);
-      differs("token type id", h.token_id, ref.token_id);
-      differs("num_experts", h.num_experts, ref.num_experts);
-    }
-    for (int r = 0; r < world_; ++r) {
-      long long total = 0;
-      for (int s = 0; s < world_; ++s) total += peers[s].tokens_per_rank[r];
-      const int bound = peers[r].header.recv_bound;
-      if (total > cap_.max_recv_tokens)
-        throw error(rank_, "dispatch", r,
-                    "that rank would receive " + std::to_string(total) +
-                        " tokens, more than its buffer holds (max_recv_tokens " +
-                        std::to_string(cap_.max_recv_tokens) + ")");
-      if (bound > 0 && total > bound)
-        throw error(rank_, "dispatch", r,
-                    "that rank would receive " + std::to_string(total) +
-                        " tokens, more than its worst_case_recv_tokens " + std::to_string(bound));
-    }
-  }
-
-  dispatch_handle make_handle(const dispatch_input<Token>& in, const layout& lay,
-                              const std::vector<peer_notify>& peers) const {
-    dispatch_handle h;
-    h.world_size = world_;
-    h.rank = rank_;
-    h.num_tokens = in.num_tokens;
-    h.hidden = in.hidden;
-    h.topk = in.topk;
-    h.count_matrix.resize(static_cast<std::size_t>(world_) * world_);
-    for (int s = 0; s < world_; ++s)
-      for (int r = 0; r < world_; ++r) h.count_matrix[s * world_ + r] = peers[s].tokens_per_rank[r];
-    h.num_recv_tokens = h.recv_offset(world_, rank_);
-    h.send_pos = lay.send_pos;
-    return h;
   }
 
   template <class T>
@@ -557,13 +504,14 @@ class buffer {
     return {};
   }
 
-  void post_combine_status(const std::string& cause, bool with_weights, std::uint64_t epoch,
-                           const deadline& dl) {
+  void post_combine_status(const std::string& cause, bool with_weights, bool in_place,
+                           std::uint64_t epoch, const deadline& dl) {
     quiet_staging(dl);
     wire::combine_header hdr{};
     hdr.epoch = epoch;
     hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
     hdr.with_weights = with_weights ? 1 : 0;
+    hdr.in_place = in_place ? 1 : 0;
     std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
     const std::size_t there = plan_.combine_status + rank_ * plan_.combine_status_slot_bytes;
     if constexpr (via_proxy)
@@ -579,29 +527,51 @@ class buffer {
     }
   }
 
-  void check_combine_status(std::uint64_t epoch) {
+  // Every rank's combine status, once all agree that the call goes ahead.
+  std::vector<wire::combine_header> check_combine_status(std::uint64_t epoch) {
     const std::byte* base = transport_.local_buffer().data() + plan_.combine_status;
     std::vector<wire::combine_header> all(world_);
     for (int s = 0; s < world_; ++s)
       std::memcpy(&all[s], base + s * plan_.combine_status_slot_bytes,
                   sizeof(wire::combine_header));
-    for (int s = 0; s < world_; ++s) {
-      if (all[s].epoch != epoch)
-        throw error(rank_, "combine", s,
-                    "protocol mismatch: combine epoch " + std::to_string(all[s].epoch) +
-                        ", expected " + std::to_string(epoch));
-      if (all[s].state != wire::status::ok)
-        throw error(rank_, "combine", s == rank_ ? no_peer : s,
-                    std::string(s == rank_ ? "invalid input: " : "invalid input on that rank: ") +
-                        all[s].cause);
-    }
-    for (int s = 1; s < world_; ++s)
-      if (all[s].with_weights != all[0].with_weights)
-        throw error(rank_, "combine", s,
-                    "topk_weights given on some ranks only (every rank passes them or none)");
+    judge_combine_status(rank_, epoch, all);
+    return all;
   }
 
-  void return_rows(const combine_input<combine_t>& in, const dispatch_handle& h) {
+  combine_t* combine_y() {
+    return reinterpret_cast<combine_t*>(transport_.local_buffer().data() + plan_.combine_y);
+  }
+
+  // y is exactly the span combine_send_buffer(h) gives.
+  bool left_in_place(const combine_input<combine_t>& in, const dispatch_handle& h) {
+    if constexpr (via_proxy) {
+      return false;
+    } else {
+      return h.hidden >= 1 && h.num_recv_tokens >= 0 && in.y.data() == combine_y() &&
+             in.y.size() == static_cast<std::size_t>(h.num_recv_tokens) * h.hidden;
+    }
+  }
+
+  // Rows left in place are read by the sources during their reduce: each
+  // source then tells every such rank, which returns only once all have, so
+  // that the caller cannot overwrite rows a slower source still reads.
+  void release_in_place_rows(const std::vector<wire::combine_header>& status, bool in_place,
+                             const deadline& dl) {
+    guarded([&] {
+      for (int r = 0; r < world_; ++r)
+        if (status[r].in_place)
+          transport_.signal_add(r, slot(wire::signal_kind::combine_read, rank_), 1);
+      if (!in_place) return;
+      ++in_place_combines_;
+      for (int s = 0; s < world_; ++s)
+        await(wire::signal_kind::combine_read, s, in_place_combines_, dl,
+              {"combine", s, "the end of its reads of the rows left in place"});
+    });
+  }
+
+  // Sends y's rows back to their sources, unless this rank left them in
+  // place; the weights always go.
+  void return_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
     const bool weights = in.topk_weights.has_value();
@@ -610,8 +580,9 @@ class buffer {
       if (n != 0) {
         const std::size_t from = h.recv_offset(s, rank_);
         const std::size_t to = h.return_offset(s, rank_);
-        std::memcpy(peer_array<combine_t>(s, plan_.combine_x) + to * hidden,
-                    in.y.data() + from * hidden, n * hidden * sizeof(combine_t));
+        if (!in_place)
+          std::memcpy(peer_array<combine_t>(s, plan_.combine_x) + to * hidden,
+                      in.y.data() + from * hidden, n * hidden * sizeof(combine_t));
         if (weights)
           std::memcpy(peer_array<float>(s, plan_.combine_weights) + to * k,
                       in.topk_weights->data() + from * k, n * k * sizeof(float));
@@ -657,15 +628,25 @@ class buffer {
     }
   }
 
+  // Token t's row from rank r: in this rank's combine region, where r
+  // returned it, or where r left it in place.
   void reduce(const combine_input<combine_t>& in, const dispatch_handle& h,
-              std::span<combine_t> out_x, std::span<float> out_weights) {
+              const std::vector<wire::combine_header>& status, std::span<combine_t> out_x,
+              std::span<float> out_weights) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
     const std::byte* base = transport_.local_buffer().data();
-    const auto* rows = reinterpret_cast<const combine_t*>(base + plan_.combine_x);
     const auto* wrows = reinterpret_cast<const float*>(base + plan_.combine_weights);
     std::vector<int> first(world_);
-    for (int r = 0; r < world_; ++r) first[r] = h.return_offset(rank_, r);
+    std::vector<const combine_t*> rows(world_);
+    for (int r = 0; r < world_; ++r) {
+      first[r] = h.return_offset(rank_, r);
+      rows[r] = reinterpret_cast<const combine_t*>(base + plan_.combine_x) + first[r] * hidden;
+      if constexpr (!via_proxy)
+        if (status[r].in_place)
+          rows[r] = reinterpret_cast<const combine_t*>(transport_.peer_ptr(r, plan_.combine_y)) +
+                    static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
+    }
     std::vector<const combine_t*> srcs;
     srcs.reserve(static_cast<std::size_t>(world_));
     for (int t = 0; t < h.num_tokens; ++t) {
@@ -677,11 +658,12 @@ class buffer {
         const int pos = h.send_pos[static_cast<std::size_t>(t) * world_ + r];
         if (pos < 0) continue;
         const std::size_t row = static_cast<std::size_t>(first[r] + pos);
-        srcs.push_back(rows + row * hidden);
+        srcs.push_back(rows[r] + static_cast<std::size_t>(pos) * hidden);
         if (!out_weights.empty())
           for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += wrows[row * k + j];
       }
-      reduce_token<combine_t, combine_t>(out_x.data() + at, hidden, srcs, bias_row(in.bias_0, t, hidden),
+      reduce_token<combine_t, combine_t>(out_x.data() + at, hidden, srcs,
+                                         bias_row(in.bias_0, t, hidden),
                                          bias_row(in.bias_1, t, hidden));
     }
   }
@@ -695,6 +677,7 @@ class buffer {
   proxy_type proxy_;  // after transport_: it stops before the transport closes
   std::uint64_t dispatch_epoch_ = 0;
   std::uint64_t combine_epoch_ = 0;
+  std::uint64_t in_place_combines_ = 0;  // combines whose rows this rank left in place
   std::optional<std::string> broken_;
   buffer_stats stats_{std::vector<std::chrono::nanoseconds>(world_)};
 };

@@ -39,9 +39,11 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "epcomm/bootstrap/subgroup.hpp"
+#include "epcomm/call_guard.hpp"
 #include "epcomm/capacity_agreement.hpp"
 #include "epcomm/combine_reduce.hpp"
 #include "epcomm/concepts.hpp"
@@ -51,6 +53,7 @@
 #include "epcomm/hierarchical_wire.hpp"
 #include "epcomm/layout.hpp"
 #include "epcomm/normal_mode.hpp"
+#include "epcomm/normal_verdict.hpp"
 #include "epcomm/token_types.hpp"
 #include "epcomm/topology.hpp"
 #include "epcomm/wire.hpp"
@@ -137,11 +140,12 @@ requires peer_mapped_transport<Intra> &&
       gather_notify(in, opt, lay, cause, epoch, dl);
     });
     const auto records = read_notify();
-    settle_on_failure([&] { check_notify(records, epoch); }, node_signal::data, rail_signal::data,
-                      epoch, dl, "dispatch");
+    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, records); },
+                      node_signal::data, rail_signal::data, epoch, dl, "dispatch");
 
     dispatch_result<Token> res;
-    res.handle = make_handle(in, lay, records);
+    res.handle =
+        make_dispatch_handle(rank_, in.num_tokens, in.hidden, in.topk, records, lay.send_pos);
     guarded([&] {
       inject(fault::point::mid_dispatch, "dispatch");
       relay_rows(in, lay, dl);
@@ -275,10 +279,7 @@ requires peer_mapped_transport<Intra> &&
     return wire::hier::signal_slot(k, source, nodes_);
   }
 
-  void ensure_usable(const char* op) const {
-    if (broken_)
-      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
-  }
+  void ensure_usable(const char* op) const { check_not_broken(rank_, op, broken_); }
 
   void inject(fault::point at, const char* op) {
     fault::inject(at, rank_, op, [&] { abort_links(no_peer); });
@@ -289,18 +290,11 @@ requires peer_mapped_transport<Intra> &&
     inter_.abort(culprit);
   }
 
-  // A transport failure (deadline, lost peer) leaves peers mid-protocol: the
-  // buffer refuses further calls rather than mix epochs, and gives up on both
-  // groups so that peers waiting on this rank fail at once.
+  // See call_guard.hpp: a failed call breaks the buffer and gives up on both
+  // groups.
   template <class F>
   void guarded(F&& f) {
-    try {
-      f();
-    } catch (const error& e) {
-      broken_ = e.what();
-      abort_links(e.peer());
-      throw;
-    }
+    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_links(culprit); });
   }
 
   // When every rank has agreed to reject a call, each still completes the
@@ -449,66 +443,6 @@ requires peer_mapped_transport<Intra> &&
                                       counts + world_ + nodes_ + cap_.num_experts);
     }
     return all;
-  }
-
-  // Every rank holds the same records, so every rank reaches the same
-  // verdict: either all go on to move payload or all throw here.
-  void check_notify(const std::vector<record>& all, std::uint64_t epoch) const {
-    for (int s = 0; s < world_; ++s) {
-      const auto& h = all[s].header;
-      if (h.magic != wire::magic || h.epoch != epoch)
-        throw error(rank_, "dispatch", s,
-                    "protocol mismatch: notify epoch " + std::to_string(h.epoch) + ", expected " +
-                        std::to_string(epoch));
-      if (h.state != wire::status::ok)
-        throw error(
-            rank_, "dispatch", s == rank_ ? no_peer : s,
-            std::string(s == rank_ ? "invalid input: " : "invalid input on that rank: ") + h.cause);
-    }
-    const auto& ref = all[0].header;
-    for (int s = 1; s < world_; ++s) {
-      const auto& h = all[s].header;
-      auto differs = [&](const char* what, int there, int on0) {
-        if (there != on0)
-          throw error(rank_, "dispatch", s,
-                      std::string(what) + " " + std::to_string(there) +
-                          " on that rank disagrees with " + std::to_string(on0) + " on rank 0");
-      };
-      differs("hidden", h.hidden, ref.hidden);
-      differs("topk", h.topk, ref.topk);
-      differs("token type id", h.token_id, ref.token_id);
-      differs("num_experts", h.num_experts, ref.num_experts);
-    }
-    for (int r = 0; r < world_; ++r) {
-      long long total = 0;
-      for (int s = 0; s < world_; ++s) total += all[s].tokens_per_rank[r];
-      const int bound = all[r].header.recv_bound;
-      if (total > cap_.max_recv_tokens)
-        throw error(rank_, "dispatch", r,
-                    "that rank would receive " + std::to_string(total) +
-                        " tokens, more than its buffer holds (max_recv_tokens " +
-                        std::to_string(cap_.max_recv_tokens) + ")");
-      if (bound > 0 && total > bound)
-        throw error(rank_, "dispatch", r,
-                    "that rank would receive " + std::to_string(total) +
-                        " tokens, more than its worst_case_recv_tokens " + std::to_string(bound));
-    }
-  }
-
-  dispatch_handle make_handle(const dispatch_input<Token>& in, const layout& lay,
-                              const std::vector<record>& all) const {
-    dispatch_handle h;
-    h.world_size = world_;
-    h.rank = rank_;
-    h.num_tokens = in.num_tokens;
-    h.hidden = in.hidden;
-    h.topk = in.topk;
-    h.count_matrix.resize(static_cast<std::size_t>(world_) * world_);
-    for (int s = 0; s < world_; ++s)
-      for (int r = 0; r < world_; ++r) h.count_matrix[s * world_ + r] = all[s].tokens_per_rank[r];
-    h.num_recv_tokens = h.recv_offset(world_, rank_);
-    h.send_pos = lay.send_pos;
-    return h;
   }
 
   // Every token of this rank that reaches another node goes once to that
@@ -821,20 +755,7 @@ requires peer_mapped_transport<Intra> &&
           &all[s],
           intra_.local(node_plan_.combine_status + s * node_plan_.combine_status_slot_bytes),
           sizeof(wire::combine_header));
-    for (int s = 0; s < world_; ++s) {
-      if (all[s].epoch != epoch)
-        throw error(rank_, "combine", s,
-                    "protocol mismatch: combine epoch " + std::to_string(all[s].epoch) +
-                        ", expected " + std::to_string(epoch));
-      if (all[s].state != wire::status::ok)
-        throw error(rank_, "combine", s == rank_ ? no_peer : s,
-                    std::string(s == rank_ ? "invalid input: " : "invalid input on that rank: ") +
-                        all[s].cause);
-    }
-    for (int s = 1; s < world_; ++s)
-      if (all[s].with_weights != all[0].with_weights)
-        throw error(rank_, "combine", s,
-                    "topk_weights given on some ranks only (every rank passes them or none)");
+    judge_combine_status(rank_, epoch, all);
   }
 
   // y's rows, in receive order, where the ranks of this node read them.
@@ -987,7 +908,8 @@ requires peer_mapped_transport<Intra> &&
         if (!out_weights.empty())
           for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += pw[row * k + j];
       }
-      reduce_token<combine_t, float>(out_x.data() + at, hidden, srcs, bias_row(in.bias_0, t, hidden),
+      reduce_token<combine_t, float>(out_x.data() + at, hidden, srcs,
+                                     bias_row(in.bias_0, t, hidden),
                                      bias_row(in.bias_1, t, hidden));
     }
   }

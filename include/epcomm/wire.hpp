@@ -21,7 +21,16 @@ EPCOMM_HD constexpr std::size_t align_up(std::size_t n, std::size_t a = alignmen
 // Signals are 64-bit counters, one per (kind, source rank); a source adds 1
 // per operation, so a receiver waits for "counter >= epoch". Counting, never
 // "the last byte arrived", keeps this valid on fabrics that reorder writes.
-enum class signal_kind : int { notify = 0, data = 1, combine_ready = 2, combine_data = 3, count };
+// combine_read: a source has reduced the rows an in-place combine left in
+// this rank's buffer, which may be overwritten from then on.
+enum class signal_kind : int {
+  notify = 0,
+  data = 1,
+  combine_ready = 2,
+  combine_data = 3,
+  combine_read = 4,
+  count
+};
 
 EPCOMM_HD constexpr std::size_t signal_slot(signal_kind kind, int source, int world_size) {
   return static_cast<std::size_t>(kind) * world_size + source;
@@ -55,6 +64,7 @@ struct combine_header {
   std::uint64_t epoch;
   status state;
   std::int32_t with_weights;  // every rank passes topk_weights or none does
+  std::int32_t in_place;      // y is this rank's combine_y: sources read the rows there
   char cause[cause_bytes];
 };
 
@@ -89,6 +99,10 @@ struct region_plan {
   std::size_t recv_src_idx;     // [max_recv_tokens] int32
   std::size_t combine_x;        // [max_combine_rows][max_hidden] combine elements
   std::size_t combine_weights;  // [max_combine_rows][max_topk] float
+  // Expert outputs of an in-place combine (zero unless planned for
+  // peer-mapped transports): [max_recv_tokens][max_hidden] combine elements
+  // in receive order, read by the sources where they are.
+  std::size_t combine_y;
   // Staging for RMA transports (zero unless planned with staging): what this
   // rank lays out in its own registered buffer for the proxy to put. The
   // send_* rows are dispatch's and the send_combine_* rows combine's; they
@@ -106,7 +120,8 @@ struct region_plan {
   std::size_t total;
 };
 
-EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = false) {
+EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = false,
+                                             bool in_place_combine = false) {
   region_plan p{};
   const std::size_t n = static_cast<std::size_t>(c.max_recv_tokens);
   const std::size_t rows = static_cast<std::size_t>(c.max_combine_rows);
@@ -131,6 +146,7 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
   p.recv_src_idx = take(n * sizeof(std::int32_t));
   p.combine_x = take(rows * h * c.combine_bytes);
   p.combine_weights = take(rows * k * sizeof(float));
+  if (in_place_combine) p.combine_y = take(n * h * c.combine_bytes);
   if (staging) {
     p.send_notify = take(p.notify_slot_bytes * c.world_size);
     p.send_combine_status = take(p.combine_status_slot_bytes);

@@ -92,6 +92,21 @@ TEST_CASE_TEMPLATE_DEFINE("worst-case receive bound pads results to a routing-in
   CHECK(test::run_case<T, bf16>({4, 40, 128, 4, 16, test::routing::random, 41}, opt));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("combine reads expert rows left in place, on some ranks or all", T,
+                          dc_in_place) {
+  using namespace epcomm;
+  using test::in_place;
+  EPCOMM_SUITE_CONTEXT(T);
+  test::case_options opt;
+  opt.iterations = 6;  // back to back: rows of one call are overwritten by the next
+  for (in_place mode : {in_place::all, in_place::odd_ranks}) {
+    opt.combine_in_place = mode;
+    CHECK(test::run_case<T, bf16>({3, 50, 256, 4, 12, test::routing::uneven, 51}, opt));
+    CHECK(test::run_case<T, fp8_e4m3>({4, 40, 256, 4, 16, test::routing::random, 52}, opt));
+    CHECK(test::run_case<T, float>({2, 33, 200, 3, 8, test::routing::random, 53}, opt));
+  }
+}
+
 #define EPCOMM_DISPATCH_COMBINE_SUITE(T)        \
   TEST_CASE_TEMPLATE_INVOKE(dc_random, T);      \
   TEST_CASE_TEMPLATE_INVOKE(dc_adversarial, T); \

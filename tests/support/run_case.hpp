@@ -3,20 +3,28 @@
 // again, `iterations` times on one buffer with a new seed each time.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
 #include "epcomm/buffer.hpp"
 #include "epcomm/shm/transport.hpp"
+#include "support/exit_codes.hpp"
 #include "support/reference.hpp"
 
 namespace epcomm::test {
 
+// Which ranks write their expert outputs into combine_send_buffer, so that
+// the sources read them in place (peer-mapped transports; others copy).
+enum class in_place { none, all, odd_ranks };
+
 struct case_options {
   int iterations = 1;
   int worst_case_recv_tokens = 0;
+  in_place combine_in_place = in_place::none;
 };
 
 // How a rank names its transport in a failure message: the transport's own
@@ -57,25 +65,23 @@ int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
       return 1;
     }
     const auto y = expert_rows(res, s.hidden, rank);
-    const auto out = buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
+    std::span<const typename buffer<Transport, Token>::combine_t> rows = y;
+    const bool leave = opt.combine_in_place == in_place::all ||
+                       (opt.combine_in_place == in_place::odd_ranks && rank % 2 == 1);
+    if constexpr (requires { buf.combine_send_buffer(res.handle); }) {
+      if (leave) {
+        const auto at = buf.combine_send_buffer(res.handle);
+        std::copy(y.begin(), y.end(), at.begin());
+        rows = at;
+      }
+    }
+    const auto out = buf.combine({rows, res.recv_topk_weights, {}, {}}, res.handle);
     if (auto e = check_combine(s, mine, out); !e.empty()) {
       std::fprintf(stderr, "rank %d [%s] %s\n", rank, what.c_str(), e.c_str());
       return 1;
     }
   }
   return 0;
-}
-
-// True when every rank exited 0; prints the exit codes otherwise.
-inline bool all_ok(const std::vector<int>& codes, const std::string& what) {
-  bool ok = true;
-  for (int c : codes) ok = ok && c == 0;
-  if (!ok) {
-    std::fprintf(stderr, "case failed: %s; exit codes:", what.c_str());
-    for (int c : codes) std::fprintf(stderr, " %d", c);
-    std::fprintf(stderr, "\n");
-  }
-  return ok;
 }
 
 template <class Transport, token_type Token>

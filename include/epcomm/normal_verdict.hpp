@@ -1,0 +1,105 @@
+// What every rank of a normal-mode call concludes from the headers all ranks
+// posted (dispatch's notify round, combine's status round), shared by the
+// flat buffer and the hierarchical one. Every rank holds the same R headers,
+// so every rank reaches the same verdict: either all go on to move payload
+// or all throw the same error here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epcomm/error.hpp"
+#include "epcomm/normal_mode.hpp"
+#include "epcomm/wire.hpp"
+
+namespace epcomm {
+
+// A notify record is anything with a wire::notify_header `header` and
+// `tokens_per_rank` (R counts).
+template <class Record>
+void judge_notify(int rank, std::uint64_t epoch, int max_recv_tokens,
+                  const std::vector<Record>& all) {
+  const int world = static_cast<int>(all.size());
+  for (int s = 0; s < world; ++s) {
+    const auto& h = all[s].header;
+    if (h.magic != wire::magic || h.epoch != epoch)
+      throw error(rank, "dispatch", s,
+                  "protocol mismatch: notify epoch " + std::to_string(h.epoch) + ", expected " +
+                      std::to_string(epoch));
+    if (h.state != wire::status::ok)
+      throw error(
+          rank, "dispatch", s == rank ? no_peer : s,
+          std::string(s == rank ? "invalid input: " : "invalid input on that rank: ") + h.cause);
+  }
+  const auto& ref = all[0].header;
+  for (int s = 1; s < world; ++s) {
+    const auto& h = all[s].header;
+    auto differs = [&](const char* what, int there, int on0) {
+      if (there != on0)
+        throw error(rank, "dispatch", s,
+                    std::string(what) + " " + std::to_string(there) +
+                        " on that rank disagrees with " + std::to_string(on0) + " on rank 0");
+    };
+    differs("hidden", h.hidden, ref.hidden);
+    differs("topk", h.topk, ref.topk);
+    differs("token type id", h.token_id, ref.token_id);
+    differs("num_experts", h.num_experts, ref.num_experts);
+  }
+  for (int r = 0; r < world; ++r) {
+    long long total = 0;
+    for (int s = 0; s < world; ++s) total += all[s].tokens_per_rank[r];
+    const int bound = all[r].header.recv_bound;
+    if (total > max_recv_tokens)
+      throw error(rank, "dispatch", r,
+                  "that rank would receive " + std::to_string(total) +
+                      " tokens, more than its buffer holds (max_recv_tokens " +
+                      std::to_string(max_recv_tokens) + ")");
+    if (bound > 0 && total > bound)
+      throw error(rank, "dispatch", r,
+                  "that rank would receive " + std::to_string(total) +
+                      " tokens, more than its worst_case_recv_tokens " + std::to_string(bound));
+  }
+}
+
+inline void judge_combine_status(int rank, std::uint64_t epoch,
+                                 const std::vector<wire::combine_header>& all) {
+  const int world = static_cast<int>(all.size());
+  for (int s = 0; s < world; ++s) {
+    if (all[s].epoch != epoch)
+      throw error(rank, "combine", s,
+                  "protocol mismatch: combine epoch " + std::to_string(all[s].epoch) +
+                      ", expected " + std::to_string(epoch));
+    if (all[s].state != wire::status::ok)
+      throw error(rank, "combine", s == rank ? no_peer : s,
+                  std::string(s == rank ? "invalid input: " : "invalid input on that rank: ") +
+                      all[s].cause);
+  }
+  for (int s = 1; s < world; ++s)
+    if (all[s].with_weights != all[0].with_weights)
+      throw error(rank, "combine", s,
+                  "topk_weights given on some ranks only (every rank passes them or none)");
+}
+
+// The handle of an accepted dispatch: the full count matrix from the records
+// and this rank's own placement of its tokens.
+template <class Record>
+dispatch_handle make_dispatch_handle(int rank, int num_tokens, int hidden, int topk,
+                                     const std::vector<Record>& all,
+                                     const std::vector<int>& send_pos) {
+  const int world = static_cast<int>(all.size());
+  dispatch_handle h;
+  h.world_size = world;
+  h.rank = rank;
+  h.num_tokens = num_tokens;
+  h.hidden = hidden;
+  h.topk = topk;
+  h.count_matrix.resize(static_cast<std::size_t>(world) * world);
+  for (int s = 0; s < world; ++s)
+    for (int r = 0; r < world; ++r) h.count_matrix[s * world + r] = all[s].tokens_per_rank[r];
+  h.num_recv_tokens = h.recv_offset(world, rank);
+  h.send_pos = send_pos;
+  return h;
+}
+
+}  // namespace epcomm
