@@ -42,14 +42,14 @@ function(epcomm_install_component target)
   endif()
 endfunction()
 
-# epcomm_add_transport(<name> LINK <library>... [CONFIG_CODE <line>...])
+# epcomm_add_transport(<name> LINK <library>... [FOUND_IF <var>] [CONFIG_CODE <line>...])
 #
 # A transport component, called from its directory (transports/<name>/): the
 # INTERFACE target epcomm_<name> (epcomm::<name>, exported as <name>) with that
 # directory's include/ as its headers, linking epcomm::core and LINK, and
 # registered with epcomm_install_component() (CONFIG_CODE passed on).
 function(epcomm_add_transport name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "LINK;CONFIG_CODE")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "FOUND_IF" "LINK;CONFIG_CODE")
   set(target epcomm_${name})
   add_library(${target} INTERFACE)
   add_library(epcomm::${name} ALIAS ${target})
@@ -58,5 +58,5 @@ function(epcomm_add_transport name)
     $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(${target} INTERFACE epcomm::core ${arg_LINK})
-  epcomm_install_component(${target} CONFIG_CODE ${arg_CONFIG_CODE})
+  epcomm_install_component(${target} CONFIG_CODE ${arg_CONFIG_CODE} FOUND_IF ${arg_FOUND_IF})
 endfunction()
