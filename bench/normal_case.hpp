@@ -54,15 +54,13 @@ class normal_case final : public bench_case {
       for (std::size_t c = 0; c < h; ++c)
         y_[row * h + c] = from_float<out_type>(value(mine.recv_x, mine.recv_x_scales, row, c));
     y_weights_.assign(mine.recv_topk_weights.begin(), mine.recv_topk_weights.begin() + n * k);
-    // Where the transport lets peers read it, the expert writes its output
-    // into the buffer and combine reads it there (DeepEP's low-latency
-    // zero-copy, in normal mode); the baseline's all-to-all copies y_.
-    y_rows_ = y_;
-    if constexpr (peer_mapped_transport<Transport>) {
-      const auto at = buffer_.combine_send_buffer(handle_);
-      std::copy(y_.begin(), y_.end(), at.begin());
-      y_rows_ = at;
-    }
+    // The expert writes its output into the buffer (combine_send_buffer):
+    // peers read it there over shared memory, and an RMA transport puts it
+    // from there without staging it (DeepEP's low-latency zero-copy, in
+    // normal mode); the baseline's all-to-all copies y_.
+    const auto at = buffer_.combine_send_buffer(handle_);
+    std::copy(y_.begin(), y_.end(), at.begin());
+    y_rows_ = at;
 
     const std::size_t t = w_.tokens;
     out_x_.resize(t * h);
@@ -223,7 +221,7 @@ class normal_case final : public bench_case {
 
   dispatch_handle handle_;  // of the verified dispatch; every dispatch routes the same way
   std::vector<out_type> y_;
-  std::span<const out_type> y_rows_;  // what combine gets as y: y_, or its copy left in place
+  std::span<const out_type> y_rows_;  // what combine gets as y: y_'s copy in the buffer
   std::vector<float> y_weights_;
   std::vector<out_type> out_x_, baseline_x_;
   std::vector<float> out_weights_, baseline_weights_;

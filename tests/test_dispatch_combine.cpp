@@ -5,5 +5,3 @@
 
 TYPE_TO_STRING(epcomm::shm::transport);
 EPCOMM_DISPATCH_COMBINE_SUITE(epcomm::shm::transport);
-// Rows left in place exist on peer-mapped transports only.
-TEST_CASE_TEMPLATE_INVOKE(dc_in_place, epcomm::shm::transport);

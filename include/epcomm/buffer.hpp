@@ -108,18 +108,22 @@ class buffer {
       send_rows(in, lay, res.handle, topo, dl);
       for (int s = 0; s < world_; ++s)
         await(wire::signal_kind::data, s, epoch, dl, {"dispatch", s, "token rows"});
+      // The staging area holds combine_send_buffer: the caller's experts may
+      // write it as soon as this returns, so no put may still read it.
+      quiet_staging(dl);
     });
     fill_result(res, in, opt, peers);
     return res;
   }
 
   // Where the expert outputs for `h` can be written ([num_recv_tokens][hidden],
-  // receive order) so that a combine given exactly this span as y leaves them
-  // in place: each source reduces its rows straight from this rank's buffer,
-  // and nothing is copied. Peer-mapped transports only. The rows must stay
-  // untouched until that combine returns; it returns once every source has
-  // read them.
-  std::span<combine_t> combine_send_buffer(const dispatch_handle& h) requires(!via_proxy) {
+  // receive order) so that a combine given exactly this span as y copies
+  // nothing. Over a peer-mapped transport the sources then reduce the rows
+  // straight from this rank's buffer, and that combine returns once every
+  // source has read them; over an RMA transport the rows are put from where
+  // they are (the staging area) instead of being staged first. Either way the
+  // rows must stay untouched until that combine returns.
+  std::span<combine_t> combine_send_buffer(const dispatch_handle& h) {
     if (h.world_size != world_ || h.rank != rank_ || h.hidden < 1 || h.hidden > cap_.max_hidden ||
         h.num_recv_tokens < 0 || h.num_recv_tokens > cap_.max_recv_tokens)
       throw error(rank_, "combine_send_buffer", no_peer,
@@ -138,7 +142,8 @@ class buffer {
     const bool in_place = left_in_place(in, h);
 
     guarded([&] {
-      post_combine_status(cause, in.topk_weights.has_value(), in_place, epoch, dl);
+      // Over RMA the rows are pushed either way: sources need not know.
+      post_combine_status(cause, in.topk_weights.has_value(), in_place && !via_proxy, epoch, dl);
       for (int s = 0; s < world_; ++s)
         await(wire::signal_kind::combine_ready, s, epoch, dl, {"combine", s, "combine readiness"});
     });
@@ -148,14 +153,17 @@ class buffer {
     guarded([&] {
       inject(fault::point::mid_combine, "combine");
       if constexpr (via_proxy)
-        put_combine_rows(in, h, dl);
+        put_combine_rows(in, h, in_place, dl);
       else
         return_rows(in, h, in_place);
       for (int r = 0; r < world_; ++r)
         await(wire::signal_kind::combine_data, r, epoch, dl, {"combine", r, "combined rows"});
     });
     reduce(in, h, status, out_x, out_weights);
-    if constexpr (!via_proxy) release_in_place_rows(status, in_place, dl);
+    if constexpr (via_proxy)
+      guarded([&] { quiet_staging(dl); });  // the caller may write the next y there now
+    else
+      release_in_place_rows(status, in_place, dl);
   }
 
   combine_result<combine_t> combine(const combine_input<combine_t>& in, const dispatch_handle& h) {
@@ -538,18 +546,16 @@ class buffer {
     return all;
   }
 
+  // combine_send_buffer's rows: the in-place region, or the RMA staging area.
   combine_t* combine_y() {
-    return reinterpret_cast<combine_t*>(transport_.local_buffer().data() + plan_.combine_y);
+    return reinterpret_cast<combine_t*>(transport_.local_buffer().data() +
+                                        (via_proxy ? plan_.send_combine_x : plan_.combine_y));
   }
 
   // y is exactly the span combine_send_buffer(h) gives.
   bool left_in_place(const combine_input<combine_t>& in, const dispatch_handle& h) {
-    if constexpr (via_proxy) {
-      return false;
-    } else {
-      return h.hidden >= 1 && h.num_recv_tokens >= 0 && in.y.data() == combine_y() &&
-             in.y.size() == static_cast<std::size_t>(h.num_recv_tokens) * h.hidden;
-    }
+    return h.hidden >= 1 && h.num_recv_tokens >= 0 && in.y.data() == combine_y() &&
+           in.y.size() == static_cast<std::size_t>(h.num_recv_tokens) * h.hidden;
   }
 
   // Rows left in place are read by the sources during their reduce: each
@@ -591,11 +597,12 @@ class buffer {
     }
   }
 
-  // RMA path of return_rows: y's rows, in receive order, are staged once;
+  // RMA path of return_rows: y's rows, in receive order, are staged once
+  // (unless the experts wrote them there, through combine_send_buffer);
   // each source gets its block back with one put per array, the last one
   // carrying the combine-data signal.
   void put_combine_rows(const combine_input<combine_t>& in, const dispatch_handle& h,
-                        const deadline& dl) {
+                        bool in_place, const deadline& dl) {
     quiet_staging(dl);
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
@@ -603,7 +610,8 @@ class buffer {
     const bool weights = in.topk_weights.has_value();
     std::byte* base = transport_.local_buffer().data();
     if (rows != 0) {
-      std::memcpy(base + plan_.send_combine_x, in.y.data(), rows * hidden * sizeof(combine_t));
+      if (!in_place)
+        std::memcpy(base + plan_.send_combine_x, in.y.data(), rows * hidden * sizeof(combine_t));
       if (weights)
         std::memcpy(base + plan_.send_combine_weights, in.topk_weights->data(),
                     rows * k * sizeof(float));

@@ -92,7 +92,7 @@ TEST_CASE_TEMPLATE_DEFINE("worst-case receive bound pads results to a routing-in
   CHECK(test::run_case<T, bf16>({4, 40, 128, 4, 16, test::routing::random, 41}, opt));
 }
 
-TEST_CASE_TEMPLATE_DEFINE("combine reads expert rows left in place, on some ranks or all", T,
+TEST_CASE_TEMPLATE_DEFINE("combine takes expert rows from combine_send_buffer, on some ranks or all", T,
                           dc_in_place) {
   using namespace epcomm;
   using test::in_place;
@@ -113,4 +113,5 @@ TEST_CASE_TEMPLATE_DEFINE("combine reads expert rows left in place, on some rank
   TEST_CASE_TEMPLATE_INVOKE(dc_extremes, T);    \
   TEST_CASE_TEMPLATE_INVOKE(dc_reference, T);   \
   TEST_CASE_TEMPLATE_INVOKE(dc_repeat, T);      \
-  TEST_CASE_TEMPLATE_INVOKE(dc_bound, T)
+  TEST_CASE_TEMPLATE_INVOKE(dc_bound, T);       \
+  TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T)

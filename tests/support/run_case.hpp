@@ -17,8 +17,9 @@
 
 namespace epcomm::test {
 
-// Which ranks write their expert outputs into combine_send_buffer, so that
-// the sources read them in place (peer-mapped transports; others copy).
+// Which ranks write their expert outputs into combine_send_buffer: the
+// sources read them there (peer-mapped transports), or they are put from
+// there without being staged (RMA transports).
 enum class in_place { none, all, odd_ranks };
 
 struct case_options {
@@ -68,12 +69,10 @@ int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
     std::span<const typename buffer<Transport, Token>::combine_t> rows = y;
     const bool leave = opt.combine_in_place == in_place::all ||
                        (opt.combine_in_place == in_place::odd_ranks && rank % 2 == 1);
-    if constexpr (requires { buf.combine_send_buffer(res.handle); }) {
-      if (leave) {
-        const auto at = buf.combine_send_buffer(res.handle);
-        std::copy(y.begin(), y.end(), at.begin());
-        rows = at;
-      }
+    if (leave) {
+      const auto at = buf.combine_send_buffer(res.handle);
+      std::copy(y.begin(), y.end(), at.begin());
+      rows = at;
     }
     const auto out = buf.combine({rows, res.recv_topk_weights, {}, {}}, res.handle);
     if (auto e = check_combine(s, mine, out); !e.empty()) {
