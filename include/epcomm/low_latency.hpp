@@ -42,7 +42,11 @@
 // phase, as soon as it reads the marker, an error naming the rejecting rank
 // and its cause. Every rank thus fails promptly, epochs stay in step and the
 // buffer serves the next call. Transport failures (deadline, dead peer) and
-// protocol violations make the buffer unusable. Misuse that a rank can see
+// protocol violations make the buffer unusable, except, with
+// mask_lost_ranks, a peer whose process exited: it is marked lost and every
+// call from then on runs without it (no records, rows, count words or signals
+// to or from it), its experts' combine contributions skipped and counted in
+// ll_stats::masked_contributions. Misuse that a rank can see
 // alone (a third call in flight, a hook run twice, a second combine of one
 // dispatch) throws on that rank before anything is sent.
 #pragma once
@@ -85,6 +89,12 @@ class low_latency_buffer {
   static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
   static constexpr const char* dispatch_op = "low-latency dispatch";
   static constexpr const char* combine_op = "low-latency combine";
+  // Masking a lost rank needs every byte to a peer stored by this rank (no
+  // proxy holding puts to it) and a transport that can tell a peer's exit
+  // from slowness: only an exited process is certain never to write again.
+  static constexpr bool can_mask_lost_ranks = !via_proxy && requires(const Transport& t, int r) {
+    { t.peer_exited(r) } -> std::convertible_to<bool>;
+  };
 
  public:
   using wire_type = Wire;
@@ -103,12 +113,14 @@ class low_latency_buffer {
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
-        shape_(agree_ll_shape<Wire>(boot, cfg, timeout_)),
+        mask_lost_ranks_(cfg.mask_lost_ranks),
+        shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, {}, can_mask_lost_ranks)),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         transport_(boot, plan_.total, wire::ll::signal_slots(shape_), deadline::after(timeout_)),
         proxy_(transport_),
         next_slot_(shape_.num_experts),
         rows_to_rank_(world_),
+        lost_(world_, false),
         scratch_(wire::ll::record_bytes(shape_)) {
     token_rows_.reserve(static_cast<std::size_t>(shape_.max_topk));
     row_weights_.reserve(static_cast<std::size_t>(shape_.max_topk));
@@ -166,6 +178,15 @@ class low_latency_buffer {
     std::ranges::fill(stats_.recv_tokens_per_expert, 0);
     std::ranges::fill(stats_.dispatch_wait, std::chrono::nanoseconds{});
     std::ranges::fill(stats_.combine_wait, std::chrono::nanoseconds{});
+    stats_.masked_contributions = 0;
+  }
+
+  // The ranks masked so far, ascending (mask_lost_ranks; empty otherwise).
+  std::vector<int> lost_ranks() const {
+    std::vector<int> ranks;
+    for (int r = 0; r < world_; ++r)
+      if (lost_[r]) ranks.push_back(r);
+    return ranks;
   }
 
   dispatch_result low_latency_dispatch(const ll_dispatch_input& in) {
@@ -188,8 +209,8 @@ class low_latency_buffer {
       fault::inject(fault::point::low_latency, rank_, dispatch_op, [this] { abort_transport(); });
       if (epoch > 1)
         for (int r = 0; r < world_; ++r)
-          transport_.wait(wire::ll::released_signal(shape_, p, r), epoch - 1, dl,
-                          {dispatch_op, r, "release of the previous dispatch region"});
+          wait_for_peer(wire::ll::released_signal(shape_, p, r), epoch - 1, dl,
+                        {dispatch_op, r, "release of the previous dispatch region"});
       // RMA: every put that read this parity's staging and combine_send (the
       // previous dispatch and combine on it) must be complete before they
       // are written again, here or by the caller once this dispatch returns.
@@ -345,6 +366,29 @@ class low_latency_buffer {
 
   void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
 
+  // Waits until this rank's counter `slot` reaches `expected`, which
+  // site.peer brings about. Returns false instead for a lost peer: one lost
+  // before, or (mask_lost_ranks) one whose wait failed because its process
+  // is gone, which is marked lost here. Any other failure throws.
+  bool wait_for_peer(std::size_t slot, std::uint64_t expected, const deadline& dl,
+                     const wait_site& site) {
+    const int r = site.peer;
+    if (lost_[r]) return false;
+    try {
+      transport_.wait(slot, expected, dl, site);
+      return true;
+    } catch (const error& e) {
+      if constexpr (can_mask_lost_ranks)
+        if (mask_lost_ranks_ && e.peer() == r && transport_.peer_exited(r)) {
+          lost_[r] = true;
+          return false;
+        }
+      throw;
+    }
+  }
+
+  bool expert_lost(std::int64_t e) const { return lost_[e / shape_.local_experts()]; }
+
   [[noreturn]] void protocol_error(const char* op, int peer, const std::string& what) const {
     throw error(rank_, op, peer, "protocol mismatch: " + what);
   }
@@ -420,7 +464,7 @@ class low_latency_buffer {
       for (int j = 0; j < k; ++j) {
         const std::int64_t e = in.topk_idx[static_cast<std::size_t>(t) * k + j];
         sent[wire::ll::combine_row(shape_, t, j)] = e;
-        if (e < 0) continue;
+        if (e < 0 || expert_lost(e)) continue;  // a lost rank's rows are not delivered
         const int slot = next_slot_[e]++;
         const wire::ll::record_header hdr{{rank_, t, j}, 0};
         std::byte* rec = outgoing_record(static_cast<int>(e), slot, p);
@@ -432,7 +476,8 @@ class low_latency_buffer {
       }
     }
     for (int e = 0; e < shape_.num_experts; ++e)
-      publish_dispatch_count(e, p, {epoch, next_slot_[e], wire::ll::state::ok}, dl);
+      if (!expert_lost(e))
+        publish_dispatch_count(e, p, {epoch, next_slot_[e], wire::ll::state::ok}, dl);
   }
 
   // Where this rank writes record `slot` for expert e: straight into region
@@ -503,6 +548,7 @@ class low_latency_buffer {
     if constexpr (via_proxy) std::memcpy(local<std::byte>(p, staged), &rec, sizeof rec);
     const wire::ll::count_word w{epoch, 0, wire::ll::state::rejected};
     for (int r = 0; r < world_; ++r) {
+      if (lost_[r]) continue;
       if (direct(r))
         std::memcpy(remote(r, p, there), &rec, sizeof rec);
       else if constexpr (via_proxy)
@@ -589,10 +635,16 @@ class low_latency_buffer {
       // sources are still arriving, and so that its offsets are known.
       for (int s = 0; s < world_; ++s) {
         const auto start = steady::now();
-        for (int le = 0; le < el; ++le)
-          transport_.wait(wire::ll::dispatch_signal(shape_, p, le, s), epoch, dl,
-                          {dispatch_op, s, "dispatch records"});
+        bool arrived = true;
+        for (int le = 0; le < el && arrived; ++le)
+          arrived = wait_for_peer(wire::ll::dispatch_signal(shape_, p, le, s), epoch, dl,
+                                  {dispatch_op, s, "dispatch records"});
         stats_.dispatch_wait[s] += steady::now() - start;
+        if (!arrived) {  // lost: nothing of its is read, even records that landed
+          for (int le = 0; le < el; ++le)
+            ranges[static_cast<std::size_t>(le) * world_ + s] = {recv_count[le], 0};
+          continue;
+        }
         for (int le = 0; le < el; ++le) {
           const wire::ll::count_word w = counts[static_cast<std::size_t>(le) * world_ + s];
           if (w.epoch != epoch)
@@ -618,7 +670,7 @@ class low_latency_buffer {
                                   st.dispatch_ok, rejecting));
       // Every record of this parity has been read: sources may write it again.
       for (int r = 0; r < world_; ++r)
-        signal_add(p, r, wire::ll::released_signal(shape_, p, rank_), dl);
+        if (!lost_[r]) signal_add(p, r, wire::ll::released_signal(shape_, p, rank_), dl);
     });
     st.dispatch_pending = false;
     if (failure) {
@@ -652,6 +704,7 @@ class low_latency_buffer {
       const std::size_t first = static_cast<std::size_t>(le) * shape_.rows_per_expert();
       for (std::size_t row = first; row < first + recv_count[le]; ++row) {
         const wire::ll::source& s = src[row];
+        if (lost_[s.rank]) continue;
         const std::size_t there =
             plan_.combine_recv + wire::ll::combine_row(shape_, s.token, s.topk_slot) * row_bytes;
         if (direct(s.rank))
@@ -663,7 +716,8 @@ class low_latency_buffer {
       }
     }
     for (int s = 0; s < world_; ++s)
-      publish_combine_count(s, p, {epoch, rows_to_rank_[s], wire::ll::state::ok}, dl);
+      if (!lost_[s])
+        publish_combine_count(s, p, {epoch, rows_to_rank_[s], wire::ll::state::ok}, dl);
   }
 
   // RMA path: the proxy puts combine rows from combine_send, where the caller
@@ -708,9 +762,10 @@ class low_latency_buffer {
     guarded([&] {
       for (int r = 0; r < world_; ++r) {
         const auto start = steady::now();
-        transport_.wait(wire::ll::combine_signal(shape_, p, r), epoch, dl,
-                        {combine_op, r, "combined rows"});
+        const bool arrived = wait_for_peer(wire::ll::combine_signal(shape_, p, r), epoch, dl,
+                                           {combine_op, r, "combined rows"});
         stats_.combine_wait[r] += steady::now() - start;
+        if (!arrived) continue;  // lost: reduce skips its rows
         const wire::ll::count_word w = counts[r];
         if (w.epoch != epoch)
           protocol_error(combine_op, r,
@@ -740,7 +795,8 @@ class low_latency_buffer {
   }
 
   // out[t] = sum over routed slots j of weight[t][j] * row(t, j), in fp32 and
-  // in slot order, rounded to bf16 once.
+  // in slot order, rounded to bf16 once; a slot whose expert's rank is lost
+  // is left out (and counted), as if its weight were 0.
   void reduce(int p, int t_count, int k) {
     const std::size_t h = static_cast<std::size_t>(shape_.hidden);
     const auto* sent = local<const std::int64_t>(p, plan_.sent_topk_idx);
@@ -753,6 +809,10 @@ class low_latency_buffer {
       for (int j = 0; j < k; ++j) {
         const std::size_t slot = wire::ll::combine_row(shape_, t, j);
         if (sent[slot] < 0) continue;
+        if (expert_lost(sent[slot])) {
+          ++stats_.masked_contributions;
+          continue;
+        }
         token_rows_.push_back(rows + slot * h);
         row_weights_.push_back(weights[slot]);
       }
@@ -765,6 +825,7 @@ class low_latency_buffer {
   int world_;
   std::chrono::milliseconds timeout_;
   bool round_scale_;
+  bool mask_lost_ranks_;
   wire::ll::shape shape_;
   wire::ll::plan plan_;
   Transport transport_;
@@ -774,6 +835,7 @@ class low_latency_buffer {
   // Per-call scratch, sized once here so that no call allocates.
   std::vector<int> next_slot_;           // [E] records written to each expert
   std::vector<int> rows_to_rank_;        // [R] combine rows per rank
+  std::vector<bool> lost_;               // [R] masked: its process exited (mask_lost_ranks)
   std::vector<std::byte> scratch_;       // one staged record
   std::vector<const bf16*> token_rows_;  // one token's rows in the reduction, [<= K]
   std::vector<float> row_weights_;       // and their weights

@@ -26,6 +26,11 @@ struct low_latency_config {
   // fp8 wire only: fp8 scales rounded up to powers of two (DeepEP's round_scale).
   bool round_scale = false;
   std::chrono::milliseconds timeout = default_timeout;  // EPCOMM_TIMEOUT_MS overrides
+  // Keep going without a rank whose process exited (DeepEP's shrink mode):
+  // its experts' contributions are skipped and counted instead of failing the
+  // group. Host engine over a peer-mapped transport that can tell a peer's
+  // exit (shm) only; see docs/low_latency.md.
+  bool mask_lost_ranks = false;
 };
 
 struct ll_dispatch_input {
@@ -73,6 +78,9 @@ struct ll_stats {
   std::vector<std::uint64_t> recv_tokens_per_expert;    // [E_local] rows received
   std::vector<std::chrono::nanoseconds> dispatch_wait;  // [R] blocked on each source's records
   std::vector<std::chrono::nanoseconds> combine_wait;   // [R] blocked on each expert rank's rows
+  // mask_lost_ranks: routed (token, top-k slot) rows that combine skipped
+  // because their expert's rank was lost (each counted once, by the combine).
+  std::uint64_t masked_contributions = 0;
 };
 
 }  // namespace epcomm

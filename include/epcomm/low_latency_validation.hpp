@@ -26,15 +26,19 @@ namespace epcomm {
 
 // The shape every rank of a low-latency buffer agrees on. `local_cause`,
 // when not empty, rejects this rank's config for a reason only it can see
-// (e.g. its device's shared memory).
+// (e.g. its device's shared memory). `can_mask_lost_ranks` says whether the
+// caller's engine and transport implement cfg.mask_lost_ranks; where they do
+// not, asking for it fails every rank rather than being ignored.
 template <class Wire, bootstrap B>
 wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
                                std::chrono::milliseconds timeout,
-                               const std::string& local_cause = {}) {
+                               const std::string& local_cause = {},
+                               bool can_mask_lost_ranks = false) {
   struct config_record {
     std::int32_t valid;
     std::int32_t num_experts, hidden, max_topk, max_tokens_per_rank, round_scale;
     std::int32_t wire_id;
+    std::int32_t mask_lost_ranks;
   };
   const int world = boot.world_size();
   constexpr bool fp8 = token_traits<Wire>::has_scales;
@@ -49,6 +53,9 @@ wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
   checks.need(static_cast<long long>(world) * cfg.max_tokens_per_rank <=
                   std::numeric_limits<std::int32_t>::max(),
               "world_size * max_tokens_per_rank overflows int32");
+  checks.need(!cfg.mask_lost_ranks || can_mask_lost_ranks,
+              "mask_lost_ranks needs the host engine over a peer-mapped transport that can tell "
+              "a peer's exit (shm)");
   checks.need(local_cause.empty(), local_cause);
 
   const config_record mine{checks.cause().empty() ? 1 : 0,
@@ -57,9 +64,11 @@ wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
                            cfg.max_topk,
                            cfg.max_tokens_per_rank,
                            cfg.round_scale ? 1 : 0,
-                           token_traits<Wire>::id};
+                           token_traits<Wire>::id,
+                           cfg.mask_lost_ranks ? 1 : 0};
   agree_config(boot, mine, checks.cause(), timeout, "low_latency_buffer",
-               "num_experts, hidden, max_topk, max_tokens_per_rank, round_scale and wire type");
+               "num_experts, hidden, max_topk, max_tokens_per_rank, round_scale, "
+               "mask_lost_ranks and wire type");
   return wire::ll::shape{world,        cfg.num_experts,         cfg.hidden,
                          cfg.max_topk, cfg.max_tokens_per_rank, static_cast<int>(sizeof(Wire)),
                          fp8};

@@ -734,10 +734,31 @@ TEST_CASE_TEMPLATE_DEFINE("configs that disagree fail at construction on every r
   CHECK(all_ok(codes, "config mismatch"));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks is refused where it cannot be honoured", Transport,
+                          ll_mask_option) {
+  EPCOMM_LL_CASE(Transport);
+  // Over an RMA transport a proxy may hold puts to a lost peer and a peer's
+  // exit is not always visible: the option fails construction on every rank
+  // rather than being ignored. A peer-mapped transport builds the buffer.
+  const ll_case c{.world = 2, .experts = 4, .max_topk = 2, .max_tokens = 8};
+  const auto codes = launch_local(c.world, [&](local_bootstrap& boot) {
+    auto cfg = config_of(c);
+    cfg.mask_lost_ranks = true;
+    auto build = [&] { low_latency_buffer<Transport> buf(boot, cfg); };
+    if constexpr (peer_mapped_transport<Transport>) {
+      build();
+      return 0;
+    } else {
+      return expect_error(boot.rank(), build, "invalid config: mask_lost_ranks needs", no_peer);
+    }
+  });
+  CHECK(all_ok(codes, "mask_lost_ranks option"));
+}
+
 // What differs over an RMA transport: staging and puts of records, count
 // words and rows (both wires, every rank count, zero copy and not), both
 // parities' proxy channels with two calls in flight, rejections carried by
-// puts, a lost peer, and teardown.
+// puts, a lost peer, teardown, and the refusal of mask_lost_ranks.
 #define EPCOMM_LL_RMA_SUITE(T)                      \
   TEST_CASE_TEMPLATE_INVOKE(ll_counts, T);          \
   TEST_CASE_TEMPLATE_INVOKE(ll_back_to_back, T);    \
@@ -746,7 +767,8 @@ TEST_CASE_TEMPLATE_DEFINE("configs that disagree fail at construction on every r
   TEST_CASE_TEMPLATE_INVOKE(ll_expert_overflow, T); \
   TEST_CASE_TEMPLATE_INVOKE(ll_bad_combine, T);     \
   TEST_CASE_TEMPLATE_INVOKE(ll_dead_peer, T);       \
-  TEST_CASE_TEMPLATE_INVOKE(ll_teardown, T)
+  TEST_CASE_TEMPLATE_INVOKE(ll_teardown, T);        \
+  TEST_CASE_TEMPLATE_INVOKE(ll_mask_option, T)
 
 #define EPCOMM_LL_SUITE(T)                          \
   EPCOMM_LL_RMA_SUITE(T);                           \

@@ -79,6 +79,14 @@ class transport {
 
   bool is_peer_mapped(int peer) const { return peers_[peer] != nullptr; }
 
+  // True when `peer`'s process is gone: a peer of this node is asked with
+  // kill(pid, 0), which only a process that no longer exists fails with
+  // ESRCH. False for this rank, an invalid rank or one alive.
+  bool peer_exited(int peer) const {
+    return peer >= 0 && peer < world_ && peer != rank_ && kill(pids_[peer], 0) != 0 &&
+           errno == ESRCH;
+  }
+
   std::byte* peer_ptr(int peer, std::size_t offset) { return peers_[peer] + data_offset_ + offset; }
 
   void signal_add(int peer, std::size_t slot, std::uint64_t n) {
@@ -89,7 +97,7 @@ class transport {
     auto c = counter(rank_, slot);
     auto ready = [&] { return c.load(std::memory_order_acquire) >= expected; };
     auto alive = [&] {
-      if (site.peer >= 0 && site.peer != rank_ && kill(pids_[site.peer], 0) != 0 && errno == ESRCH)
+      if (peer_exited(site.peer))
         throw error(rank_, site.op, site.peer,
                     std::string("peer process exited while waiting for ") + site.what);
       check_aborts(site);
