@@ -68,6 +68,7 @@
 #include "epcomm/fault_injection.hpp"
 #include "epcomm/fp8_scaling.hpp"
 #include "epcomm/layout.hpp"
+#include "epcomm/lost_ranks.hpp"
 #include "epcomm/low_latency_mode.hpp"
 #include "epcomm/low_latency_validation.hpp"
 #include "epcomm/low_latency_wire.hpp"
@@ -92,9 +93,7 @@ class low_latency_buffer {
   // Masking a lost rank needs every byte to a peer stored by this rank (no
   // proxy holding puts to it) and a transport that can tell a peer's exit
   // from slowness: only an exited process is certain never to write again.
-  static constexpr bool can_mask_lost_ranks = !via_proxy && requires(const Transport& t, int r) {
-    { t.peer_exited(r) } -> std::convertible_to<bool>;
-  };
+  static constexpr bool can_mask_lost_ranks = !via_proxy && tells_peer_exit<Transport>;
 
  public:
   using wire_type = Wire;
@@ -182,12 +181,7 @@ class low_latency_buffer {
   }
 
   // The ranks masked so far, ascending (mask_lost_ranks; empty otherwise).
-  std::vector<int> lost_ranks() const {
-    std::vector<int> ranks;
-    for (int r = 0; r < world_; ++r)
-      if (lost_[r]) ranks.push_back(r);
-    return ranks;
-  }
+  std::vector<int> lost_ranks() const { return lost_rank_list(lost_); }
 
   dispatch_result low_latency_dispatch(const ll_dispatch_input& in) {
     return low_latency_dispatch_send(in)();
@@ -366,25 +360,10 @@ class low_latency_buffer {
 
   void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
 
-  // Waits until this rank's counter `slot` reaches `expected`, which
-  // site.peer brings about. Returns false instead for a lost peer: one lost
-  // before, or (mask_lost_ranks) one whose wait failed because its process
-  // is gone, which is marked lost here. Any other failure throws.
+  // See lost_ranks.hpp: false for a peer lost before or found lost now.
   bool wait_for_peer(std::size_t slot, std::uint64_t expected, const deadline& dl,
                      const wait_site& site) {
-    const int r = site.peer;
-    if (lost_[r]) return false;
-    try {
-      transport_.wait(slot, expected, dl, site);
-      return true;
-    } catch (const error& e) {
-      if constexpr (can_mask_lost_ranks)
-        if (mask_lost_ranks_ && e.peer() == r && transport_.peer_exited(r)) {
-          lost_[r] = true;
-          return false;
-        }
-      throw;
-    }
+    return wait_or_mark_lost(transport_, mask_lost_ranks_, lost_, slot, expected, dl, site);
   }
 
   bool expert_lost(std::int64_t e) const { return lost_[e / shape_.local_experts()]; }
