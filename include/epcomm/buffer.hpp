@@ -601,8 +601,8 @@ class buffer {
   // (unless the experts wrote them there, through combine_send_buffer);
   // each source gets its block back with one put per array, the last one
   // carrying the combine-data signal.
-  void put_combine_rows(const combine_input<combine_t>& in, const dispatch_handle& h,
-                        bool in_place, const deadline& dl) {
+  void put_combine_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place,
+                        const deadline& dl) {
     quiet_staging(dl);
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;

@@ -92,8 +92,8 @@ TEST_CASE_TEMPLATE_DEFINE("worst-case receive bound pads results to a routing-in
   CHECK(test::run_case<T, bf16>({4, 40, 128, 4, 16, test::routing::random, 41}, opt));
 }
 
-TEST_CASE_TEMPLATE_DEFINE("combine takes expert rows from combine_send_buffer, on some ranks or all", T,
-                          dc_in_place) {
+TEST_CASE_TEMPLATE_DEFINE(
+    "combine takes expert rows from combine_send_buffer, on some ranks or all", T, dc_in_place) {
   using namespace epcomm;
   using test::in_place;
   EPCOMM_SUITE_CONTEXT(T);
