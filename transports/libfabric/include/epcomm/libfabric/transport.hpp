@@ -21,9 +21,14 @@
 // draining. Completion errors are read with fi_cq_readerr and reported, with
 // fi_strerror's and the provider's text, as an epcomm::error naming the peer.
 //
-// The memory registration honours the provider's mr_mode (FI_MR_LOCAL,
-// FI_MR_VIRT_ADDR, FI_MR_ALLOCATED, FI_MR_PROV_KEY, FI_MR_ENDPOINT); keys and
-// addresses are exchanged through the bootstrap, and the address vector is
+// Two regions are registered (fi_mr_regattr): a host control region (the
+// scratch line signal writes carry, the abort words) and the symmetric data
+// region, host memory or, for producers on the GPU, CUDA device memory
+// (options::memory; FI_HMEM with iface FI_HMEM_CUDA, asked of the provider
+// only then). The registrations honour the provider's mr_mode (FI_MR_LOCAL,
+// FI_MR_VIRT_ADDR, FI_MR_ALLOCATED, FI_MR_PROV_KEY, FI_MR_ENDPOINT, and
+// FI_MR_HMEM for device memory); keys and addresses are exchanged through
+// the bootstrap, and the address vector is
 // filled in rank order; connections are made at construction. Remote CQ
 // data is packed into 32 bits, the most EFA carries. Calls are serialized by
 // a mutex, so wait() and barrier() may run while a proxy thread issues
@@ -42,7 +47,6 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -66,6 +70,7 @@
 #include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/proxy/process_identity.hpp"
 #include "epcomm/proxy/rma_transport_base.hpp"
+#include "epcomm/proxy/symmetric_memory.hpp"
 
 namespace epcomm::libfabric {
 
@@ -78,6 +83,9 @@ struct options {
   std::size_t max_write = 0;
   // Bound on draining at teardown. EPCOMM_TIMEOUT_MS overrides it.
   std::chrono::milliseconds timeout = default_timeout;
+  // Where local_buffer() lives. CUDA device memory (EPCOMM_WITH_CUDA) needs a
+  // provider with FI_HMEM; only CUDA producers can then fill it.
+  proxy::memory_placement memory{};
 };
 
 // Remote CQ data: bits 0-19 the signal slot, bits 20-31 the increment.
@@ -102,9 +110,6 @@ class transport : public proxy::rma_transport_base {
             const options& opt = {})
       : rma_transport_base(boot.rank(), boot.world_size(), bytes, signal_slots,
                            effective_timeout(opt.timeout), "libfabric"),
-        data_offset_(scratch_bytes +
-                     (static_cast<std::size_t>(boot.world_size()) * sizeof(std::uint64_t) + 63) /
-                         64 * 64),
         counters_(signal_slots + 3 * static_cast<std::size_t>(boot.world_size())),
         peers_(boot.world_size()),
         processes_(boot.world_size()) {
@@ -113,6 +118,7 @@ class transport : public proxy::rma_transport_base {
                   std::to_string(counters_.size()) + " signal slots exceed the " +
                       std::to_string(max_signal_slots) + " that remote CQ data can name");
     try {
+      allocate_memory(opt.memory);  // first: device memory may be refused before any fabric call
       open_endpoint(opt);
       register_memory();
       exchange(boot, dl);
@@ -139,13 +145,16 @@ class transport : public proxy::rma_transport_base {
 
   std::size_t max_write() const { return max_write_; }
 
+  // Device memory when options::memory asked for it: then only kernels may
+  // touch it (local_buffer_on_device()).
   std::span<std::byte> local_buffer() { return {data(), bytes_}; }
+  bool local_buffer_on_device() const { return local_[data_region].memory.on_device(); }
 
   void put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes) {
     std::lock_guard lock(mu_);
     check_op("put", peer, local_off, remote_off, bytes);
     if (peer == rank_) {
-      std::memmove(data() + remote_off, data() + local_off, bytes);
+      local_[data_region].memory.copy_within(rank_, "put", remote_off, local_off, bytes);
       tickets_.open(0);
       return;
     }
@@ -159,7 +168,7 @@ class transport : public proxy::rma_transport_base {
     check_op("put_signal", peer, local_off, remote_off, bytes);
     check_slot("put_signal", peer, slot);
     if (peer == rank_) {
-      std::memmove(data() + remote_off, data() + local_off, bytes);
+      local_[data_region].memory.copy_within(rank_, "put_signal", remote_off, local_off, bytes);
       add_local(slot, n);
       tickets_.open(0);
       return;
@@ -281,11 +290,28 @@ class transport : public proxy::rma_transport_base {
 
  private:
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
-  // The registered region starts with a scratch line: signal writes carry
-  // their meaning in CQ data and write these 8 bytes, which nobody reads.
-  // Then one abort word per rank (what that rank's abort wrote here; this
-  // rank's own is the source of its abort writes), then the data.
+  // The control region starts with a scratch line: signal writes carry their
+  // meaning in CQ data and write these 8 bytes, which nobody reads. Then one
+  // abort word per rank (what that rank's abort wrote here; this rank's own
+  // is the source of its abort writes).
   static constexpr std::size_t scratch_bytes = 64;
+
+  // The two registered regions, indices into local_ and remote_region arrays.
+  static constexpr int control_region = 0;
+  static constexpr int data_region = 1;
+
+  // This rank's registration of one region.
+  struct local_region {
+    proxy::symmetric_memory memory;
+    fid_mr* mr = nullptr;
+    void* desc = nullptr;
+  };
+  // Where a peer's region is: its key, and its address when FI_MR_VIRT_ADDR
+  // (else 0: offsets are from the region's start).
+  struct remote_region {
+    std::uint64_t key = 0;
+    std::uint64_t base = 0;
+  };
 
   // A signal or flush held back until every write issued to the peer before
   // it has completed there.
@@ -303,16 +329,16 @@ class transport : public proxy::rma_transport_base {
     int peer;
     std::uint64_t ticket;
     std::uint64_t write;  // index in the peer's write window, or no_ticket for a signal
+    int region;           // control_region or data_region, on both sides
     void* local;
-    std::uint64_t remote_off;  // from the start of the peer's registered region
+    std::uint64_t remote_off;  // from the start of the peer's region
     std::size_t bytes;
     std::optional<std::uint64_t> cq_data;
   };
 
   struct peer_state {
     fi_addr_t addr = FI_ADDR_UNSPEC;
-    std::uint64_t key = 0;
-    std::uint64_t base = 0;           // remote address of the registered region's start
+    remote_region regions[2];
     proxy::completion_window writes;  // every data write to this peer, in issue order
     std::deque<deferred> held;
     std::deque<posted*> backlog;  // refused with -FI_EAGAIN, posted again in order
@@ -321,15 +347,14 @@ class transport : public proxy::rma_transport_base {
   struct announcement {
     std::uint8_t addr[232];
     std::uint64_t addrlen;
-    std::uint64_t key;
-    std::uint64_t base;
+    remote_region regions[2];
     std::uint64_t bytes;
     proxy::process_identity process;
   };
 
-  std::byte* data() { return region_ + data_offset_; }
+  std::byte* data() { return local_[data_region].memory.data(); }
   std::uint64_t* abort_words() const {
-    return reinterpret_cast<std::uint64_t*>(region_ + scratch_bytes);
+    return reinterpret_cast<std::uint64_t*>(local_[control_region].memory.data() + scratch_bytes);
   }
 
   // Counter slots after the user's: barrier arrivals, connection hellos,
@@ -406,6 +431,14 @@ class transport : public proxy::rma_transport_base {
     // What EFA demands; a provider that needs less ignores the rest.
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    const bool device = opt.memory.kind == proxy::memory_kind::cuda_device;
+    if (device) {
+      // Registration of device memory; asked only when used, since a
+      // provider without it (or a libfabric built without CUDA) would
+      // otherwise be refused for host memory too.
+      hints->caps |= FI_HMEM;
+      hints->domain_attr->mr_mode |= FI_MR_HMEM;
+    }
     hints->domain_attr->threading = FI_THREAD_DOMAIN;  // this class serializes every call
     hints->domain_attr->av_type = FI_AV_TABLE;
     hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
@@ -421,9 +454,9 @@ class transport : public proxy::rma_transport_base {
             : "provider " + opt.provider;
     if (rc != 0)
       fail("libfabric setup", no_peer,
-           "no " + wanted +
-               " offers FI_EP_RDM with RMA writes and delivery-complete: fi_getinfo: " +
-               fi_strerror(-rc));
+           "no " + wanted + " offers FI_EP_RDM with RMA writes and delivery-complete" +
+               (device ? " on CUDA device memory (FI_HMEM)" : "") +
+               ": fi_getinfo: " + fi_strerror(-rc));
     // Signals need 4 bytes of CQ data and keys must fit 64 bits (no FI_MR_RAW).
     for (fi_info* i = list; i != nullptr; i = i->next) {
       if (i->domain_attr->cq_data_size >= 4 && i->domain_attr->mr_key_size <= 8) {
@@ -464,29 +497,44 @@ class transport : public proxy::rma_transport_base {
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_enable", r);
   }
 
+  void allocate_memory(const proxy::memory_placement& data_memory) {
+    local_[control_region].memory = proxy::symmetric_memory(
+        rank_, "libfabric setup", scratch_bytes + static_cast<std::size_t>(world_) * 8, {});
+    local_[data_region].memory =
+        proxy::symmetric_memory(rank_, "libfabric setup", bytes_, data_memory);
+  }
+
   void register_memory() {
-    region_length_ = (data_offset_ + bytes_ + 4095) / 4096 * 4096;
-    // Page-aligned memory the process allocated: what FI_MR_ALLOCATED asks.
-    void* p =
-        mmap(nullptr, region_length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      fail("libfabric setup", no_peer,
-           "mmap of " + std::to_string(region_length_) + " bytes: " + std::strerror(errno));
-    region_ = static_cast<std::byte*>(p);
-    const int mr_mode = info_->domain_attr->mr_mode;
-    // Ignored unless the provider lets the application choose keys.
-    const std::uint64_t requested_key = 0x45504331;
-    long r = fi_mr_reg(domain_, region_, region_length_, FI_WRITE | FI_REMOTE_WRITE, 0,
-                       requested_key, 0, &mr_, nullptr);
-    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_mr_reg", r);
-    if (mr_mode & FI_MR_ENDPOINT) {
-      r = fi_mr_bind(mr_, &ep_->fid, 0);
-      if (r != 0) fail_fi("libfabric setup", no_peer, "fi_mr_bind", r);
-      r = fi_mr_enable(mr_);
-      if (r != 0) fail_fi("libfabric setup", no_peer, "fi_mr_enable", r);
+    // Keys count only where the provider lets the application choose them;
+    // they differ, as keys must within a domain.
+    register_region(local_[control_region], 0x45504330);
+    register_region(local_[data_region], 0x45504331);
+    virt_addr_ = (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+  }
+
+  void register_region(local_region& r, std::uint64_t requested_key) {
+    const iovec iov{r.memory.data(), r.memory.bytes()};
+    fi_mr_attr attr{};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = FI_WRITE | FI_REMOTE_WRITE;
+    attr.requested_key = requested_key;
+    attr.iface = FI_HMEM_SYSTEM;
+    if (r.memory.on_device()) {
+      attr.iface = FI_HMEM_CUDA;
+      attr.device.cuda = r.memory.placement().cuda_device;
     }
-    desc_ = fi_mr_desc(mr_);
-    virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
+    long rc = fi_mr_regattr(domain_, &attr, 0, &r.mr);
+    if (rc != 0)
+      fail_fi("libfabric setup", no_peer,
+              r.memory.on_device() ? "fi_mr_regattr (FI_HMEM_CUDA)" : "fi_mr_regattr", rc);
+    if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
+      rc = fi_mr_bind(r.mr, &ep_->fid, 0);
+      if (rc != 0) fail_fi("libfabric setup", no_peer, "fi_mr_bind", rc);
+      rc = fi_mr_enable(r.mr);
+      if (rc != 0) fail_fi("libfabric setup", no_peer, "fi_mr_enable", rc);
+    }
+    r.desc = fi_mr_desc(r.mr);
   }
 
   template <bootstrap B>
@@ -502,10 +550,13 @@ class transport : public proxy::rma_transport_base {
       fail_fi("libfabric setup", no_peer, "fi_getname", r);
     }
     mine.addrlen = len;
-    mine.key = fi_mr_key(mr_);
-    if (mine.key == FI_KEY_NOTAVAIL)
-      fail("libfabric setup", no_peer, "the provider did not give the memory region a key");
-    mine.base = virt_addr_ ? reinterpret_cast<std::uint64_t>(region_) : 0;
+    for (int i : {control_region, data_region}) {
+      mine.regions[i].key = fi_mr_key(local_[i].mr);
+      if (mine.regions[i].key == FI_KEY_NOTAVAIL)
+        fail("libfabric setup", no_peer, "the provider did not give a memory region a key");
+      mine.regions[i].base =
+          virt_addr_ ? reinterpret_cast<std::uint64_t>(local_[i].memory.data()) : 0;
+    }
     mine.bytes = bytes_;
     mine.process = self_;
     const auto gathered = boot.all_gather(std::as_bytes(std::span(&mine, 1)), dl);
@@ -519,28 +570,28 @@ class transport : public proxy::rma_transport_base {
       const int n = fi_av_insert(av_, all[p].addr, 1, &peers_[p].addr, 0, nullptr);
       if (n != 1) fail("libfabric setup", p, "fi_av_insert rejected the peer's address");
       processes_[p] = all[p].process;
-      peers_[p].key = all[p].key;
-      peers_[p].base = all[p].base;
+      peers_[p].regions[control_region] = all[p].regions[control_region];
+      peers_[p].regions[data_region] = all[p].regions[data_region];
     }
   }
 
   void close() {
     if (ep_ != nullptr) fi_close(&ep_->fid);
-    if (mr_ != nullptr) fi_close(&mr_->fid);
+    for (local_region& r : local_) {
+      if (r.mr != nullptr) fi_close(&r.mr->fid);
+      r.mr = nullptr;
+    }
     if (av_ != nullptr) fi_close(&av_->fid);
     if (cq_ != nullptr) fi_close(&cq_->fid);
     if (domain_ != nullptr) fi_close(&domain_->fid);
     if (fabric_ != nullptr) fi_close(&fabric_->fid);
     if (info_ != nullptr) fi_freeinfo(info_);
-    if (region_ != nullptr) munmap(region_, region_length_);
     ep_ = nullptr;
-    mr_ = nullptr;
     av_ = nullptr;
     cq_ = nullptr;
     domain_ = nullptr;
     fabric_ = nullptr;
     info_ = nullptr;
-    region_ = nullptr;
   }
 
   // Connection-based providers (rxm) connect on first use. Connecting here
@@ -613,12 +664,13 @@ class transport : public proxy::rma_transport_base {
                   std::uint64_t ticket, std::optional<std::uint64_t> cq_data) {
     auto& p = peers_[peer];
     posted* op = acquire(peer, ticket, p.writes.open(1));
-    post(op, data() + local_off, data_offset_ + remote_off, bytes, cq_data);
+    post(op, data_region, data() + local_off, remote_off, bytes, cq_data);
   }
 
   void post_signal(int peer, std::size_t slot, std::uint64_t n, std::uint64_t ticket) {
     posted* op = acquire(peer, ticket, no_ticket);
-    post(op, region_, 0, sizeof(std::uint64_t), encode_signal(slot, n));
+    post(op, control_region, local_[control_region].memory.data(), 0, sizeof(std::uint64_t),
+         encode_signal(slot, n));
   }
 
   // This rank's abort word into its slot at `peer`, the CQ data saying it
@@ -626,6 +678,7 @@ class transport : public proxy::rma_transport_base {
   // must not queue behind a backlog to a peer that stopped draining.
   void post_abort(int peer) {
     posted* op = acquire(peer, no_ticket, no_ticket);
+    op->region = control_region;
     op->local = abort_words() + rank_;
     op->remote_off = scratch_bytes + static_cast<std::uint64_t>(rank_) * sizeof(std::uint64_t);
     op->bytes = sizeof(std::uint64_t);
@@ -640,8 +693,9 @@ class transport : public proxy::rma_transport_base {
     if (!posted_now) peers_[peer].backlog.push_front(op);
   }
 
-  void post(posted* op, void* local, std::uint64_t remote_off, std::size_t bytes,
+  void post(posted* op, int region, void* local, std::uint64_t remote_off, std::size_t bytes,
             std::optional<std::uint64_t> cq_data) {
+    op->region = region;
     op->local = local;
     op->remote_off = remote_off;
     op->bytes = bytes;
@@ -655,15 +709,15 @@ class transport : public proxy::rma_transport_base {
   // must be tried again after progress. Never blocks, so a peer that stops
   // draining cannot stall the proxy or, through it, the other peers.
   bool try_post(posted* op) {
-    const peer_state& p = peers_[op->peer];
+    const remote_region& to = peers_[op->peer].regions[op->region];
     iovec iov{op->local, op->bytes};
-    void* desc = desc_;
-    fi_rma_iov target{p.base + op->remote_off, op->bytes, p.key};
+    void* desc = local_[op->region].desc;
+    fi_rma_iov target{to.base + op->remote_off, op->bytes, to.key};
     fi_msg_rma msg{};
     msg.msg_iov = &iov;
     msg.desc = &desc;
     msg.iov_count = 1;
-    msg.addr = p.addr;
+    msg.addr = peers_[op->peer].addr;
     msg.rma_iov = &target;
     msg.rma_iov_count = 1;
     msg.context = &op->ctx;
@@ -786,7 +840,6 @@ class transport : public proxy::rma_transport_base {
                   : std::string()));
   }
 
-  std::size_t data_offset_;  // of the data in the registered region: scratch, abort words
   std::size_t max_write_ = 0;
 
   fi_info* info_ = nullptr;
@@ -795,11 +848,8 @@ class transport : public proxy::rma_transport_base {
   fid_cq* cq_ = nullptr;
   fid_av* av_ = nullptr;
   fid_ep* ep_ = nullptr;
-  fid_mr* mr_ = nullptr;
-  void* desc_ = nullptr;
+  local_region local_[2];  // control_region, data_region
   bool virt_addr_ = false;
-  std::byte* region_ = nullptr;
-  std::size_t region_length_ = 0;
 
   // Local signal counters, read with acquire: the user's slots, then per
   // rank a barrier, a connection-hello and an abort slot.

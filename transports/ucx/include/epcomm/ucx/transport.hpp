@@ -1,6 +1,8 @@
-// UCX transport: one UCP worker per rank, the symmetric buffer and the signal
-// counters mapped with ucp_mem_map, packed rkeys and worker addresses
-// exchanged through the bootstrap. Primitives:
+// UCX transport: one UCP worker per rank, the signal counters and the
+// symmetric buffer mapped with ucp_mem_map (two regions: the counters in host
+// memory, the buffer in host memory or, for producers on the GPU, CUDA device
+// memory, options::memory), packed rkeys and worker addresses exchanged
+// through the bootstrap. Primitives:
 //
 //   put         ucp_put_nbx;
 //   signal      ucp_worker_fence, then ucp_atomic_op_nbx(UCP_ATOMIC_OP_ADD) on
@@ -24,10 +26,10 @@
 // rank fails as soon as such a word has landed.
 #pragma once
 
-#include <sys/mman.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -47,12 +49,17 @@
 #include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/proxy/process_identity.hpp"
 #include "epcomm/proxy/rma_transport_base.hpp"
+#include "epcomm/proxy/symmetric_memory.hpp"
 
 namespace epcomm::ucx {
 
 struct options {
   // Bound on the transport's own waits (teardown). EPCOMM_TIMEOUT_MS overrides it.
   std::chrono::milliseconds timeout = default_timeout;
+  // Where local_buffer() lives. CUDA device memory (EPCOMM_WITH_CUDA) is
+  // mapped as UCS_MEMORY_TYPE_CUDA and needs a UCX built with CUDA support;
+  // only CUDA producers can then fill it.
+  proxy::memory_placement memory{};
 };
 
 class transport : public proxy::rma_transport_base {
@@ -74,7 +81,7 @@ class transport : public proxy::rma_transport_base {
     for (int p = 0; p < world_; ++p) peers_[p].error_context = {this, p};
     try {
       open_worker();
-      map_memory();
+      map_memory(opt.memory);
       exchange(boot, dl);
       boot.barrier(dl);  // every peer's memory is mapped and its rkeys are out
     } catch (...) {
@@ -123,13 +130,16 @@ class transport : public proxy::rma_transport_base {
     close();
   }
 
+  // Device memory when options::memory asked for it: then only kernels may
+  // touch it.
   std::span<std::byte> local_buffer() { return {data(), bytes_}; }
+  bool local_buffer_on_device() const { return local_[data_region].memory.on_device(); }
 
   void put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes) {
     std::lock_guard lock(mu_);
     check_op("put", peer, local_off, remote_off, bytes);
     if (peer == rank_) {
-      std::memmove(data() + remote_off, data() + local_off, bytes);
+      local_[data_region].memory.copy_within(rank_, "put", remote_off, local_off, bytes);
       tickets_.open(0);
       return;
     }
@@ -143,7 +153,7 @@ class transport : public proxy::rma_transport_base {
     check_op("put_signal", peer, local_off, remote_off, bytes);
     check_slot("put_signal", peer, slot);
     if (peer == rank_) {
-      std::memmove(data() + remote_off, data() + local_off, bytes);
+      local_[data_region].memory.copy_within(rank_, "put_signal", remote_off, local_off, bytes);
       add_local(slot, n);
       tickets_.open(0);
       return;
@@ -258,6 +268,15 @@ class transport : public proxy::rma_transport_base {
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
   static constexpr std::size_t counter_bytes = sizeof(std::uint64_t);
 
+  // The two mapped regions, indices into local_ and a peer's rkeys and bases.
+  static constexpr int counter_region = 0;
+  static constexpr int data_region = 1;
+
+  struct mapped_region {
+    proxy::symmetric_memory memory;
+    ucp_mem_h memh = nullptr;
+  };
+
   struct peer_ref {
     transport* self;
     int peer;
@@ -265,9 +284,9 @@ class transport : public proxy::rma_transport_base {
 
   struct peer_state {
     ucp_ep_h ep = nullptr;
-    ucp_rkey_h rkey = nullptr;
-    std::uint64_t base = 0;    // remote address of the mapped region
-    peer_ref error_context{};  // what the endpoint's error handler receives
+    ucp_rkey_h rkeys[2] = {};
+    std::uint64_t bases[2] = {};  // remote addresses of the mapped regions
+    peer_ref error_context{};     // what the endpoint's error handler receives
   };
 
   // One UCX request in flight; operand stays valid until the atomic completes.
@@ -282,8 +301,8 @@ class transport : public proxy::rma_transport_base {
 
   struct announcement {
     std::uint64_t address_bytes;
-    std::uint64_t rkey_bytes;
-    std::uint64_t base;
+    std::uint64_t rkey_bytes[2];
+    std::uint64_t bases[2];
     std::uint64_t bytes;
     proxy::process_identity process;
   };
@@ -304,11 +323,10 @@ class transport : public proxy::rma_transport_base {
     return true;
   }
 
-  // The region: counters (one 8-byte word per slot), padded to a cache line, then data.
-  std::size_t counters_length() const { return (slots_ * counter_bytes + 63) / 64 * 64; }
-  std::byte* data() { return region_ + counters_length(); }
+  // The counter region holds one 8-byte word per slot.
+  std::byte* data() { return local_[data_region].memory.data(); }
   std::uint64_t* counter_word(std::size_t slot) {
-    return reinterpret_cast<std::uint64_t*>(region_) + slot;
+    return reinterpret_cast<std::uint64_t*>(local_[counter_region].memory.data()) + slot;
   }
   std::uint64_t counter(std::size_t slot) {
     return std::atomic_ref<std::uint64_t>(*counter_word(slot)).load(std::memory_order_acquire);
@@ -370,20 +388,22 @@ class transport : public proxy::rma_transport_base {
     if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_worker_create", s);
   }
 
-  void map_memory() {
-    region_length_ = (counters_length() + bytes_ + 4095) / 4096 * 4096;
-    void* p =
-        mmap(nullptr, region_length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      fail("ucx setup", no_peer,
-           "mmap of " + std::to_string(region_length_) + " bytes: " + std::strerror(errno));
-    region_ = static_cast<std::byte*>(p);
-    ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address = region_;
-    mp.length = region_length_;
-    const ucs_status_t s = ucp_mem_map(context_, &mp, &memh_);
-    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_mem_map", s);
+  void map_memory(const proxy::memory_placement& data_memory) {
+    local_[counter_region].memory =
+        proxy::symmetric_memory(rank_, "ucx setup", slots_ * counter_bytes, {});
+    local_[data_region].memory = proxy::symmetric_memory(rank_, "ucx setup", bytes_, data_memory);
+    for (mapped_region& r : local_) {
+      ucp_mem_map_params_t mp{};
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+      mp.address = r.memory.data();
+      mp.length = r.memory.bytes();
+      mp.memory_type = r.memory.on_device() ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+      const ucs_status_t s = ucp_mem_map(context_, &mp, &r.memh);
+      if (s != UCS_OK)
+        fail_status("ucx setup", no_peer,
+                    r.memory.on_device() ? "ucp_mem_map (UCS_MEMORY_TYPE_CUDA)" : "ucp_mem_map", s);
+    }
   }
 
   struct address_release {
@@ -401,26 +421,33 @@ class transport : public proxy::rma_transport_base {
     ucs_status_t s = ucp_worker_get_address(worker_, &raw_address, &address_bytes);
     if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_worker_get_address", s);
     const std::unique_ptr<ucp_address_t, address_release> address(raw_address, {worker_});
-    void* raw_rkey = nullptr;
-    std::size_t rkey_bytes = 0;
-    s = ucp_rkey_pack(context_, memh_, &raw_rkey, &rkey_bytes);
-    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_rkey_pack", s);
-    const std::unique_ptr<void, rkey_buffer_release> rkey(raw_rkey);
+    std::unique_ptr<void, rkey_buffer_release> rkeys[2];
+    announcement mine{address_bytes, {}, {}, bytes_, self_};
+    for (int i : {counter_region, data_region}) {
+      void* raw_rkey = nullptr;
+      std::size_t rkey_bytes = 0;
+      s = ucp_rkey_pack(context_, local_[i].memh, &raw_rkey, &rkey_bytes);
+      if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_rkey_pack", s);
+      rkeys[i].reset(raw_rkey);
+      mine.rkey_bytes[i] = rkey_bytes;
+      mine.bases[i] = reinterpret_cast<std::uint64_t>(local_[i].memory.data());
+    }
 
     // Sizes first, so that every rank then gathers blocks of one size.
-    const announcement mine{address_bytes, rkey_bytes, reinterpret_cast<std::uint64_t>(region_),
-                            bytes_, self_};
     const auto sizes = boot.all_gather(std::as_bytes(std::span(&mine, 1)), dl);
     std::vector<announcement> all(world_);
     std::memcpy(all.data(), sizes.data(), sizes.size());
-    std::size_t max_address = 0, max_rkey = 0;
+    std::size_t max_address = 0, max_rkey[2] = {0, 0};
     for (const auto& a : all) {
       max_address = std::max<std::size_t>(max_address, a.address_bytes);
-      max_rkey = std::max<std::size_t>(max_rkey, a.rkey_bytes);
+      for (int i : {counter_region, data_region})
+        max_rkey[i] = std::max<std::size_t>(max_rkey[i], a.rkey_bytes[i]);
     }
-    std::vector<std::byte> block(max_address + max_rkey);
+    // Block: address, counter rkey, data rkey, each at its largest size.
+    std::vector<std::byte> block(max_address + max_rkey[0] + max_rkey[1]);
     std::memcpy(block.data(), address.get(), address_bytes);
-    std::memcpy(block.data() + max_address, rkey.get(), rkey_bytes);
+    std::memcpy(block.data() + max_address, rkeys[0].get(), mine.rkey_bytes[0]);
+    std::memcpy(block.data() + max_address + max_rkey[0], rkeys[1].get(), mine.rkey_bytes[1]);
     const auto blob = boot.all_gather(block, dl);
     for (int p = 0; p < world_; ++p) {
       if (all[p].bytes != bytes_)
@@ -430,11 +457,12 @@ class transport : public proxy::rma_transport_base {
       processes_[p] = all[p].process;
       if (p == rank_) continue;
       const std::byte* at = blob.data() + static_cast<std::size_t>(p) * block.size();
-      connect(p, at, at + max_address, all[p].base);
+      connect(p, at, {at + max_address, at + max_address + max_rkey[0]}, all[p]);
     }
   }
 
-  void connect(int p, const std::byte* address, const std::byte* rkey, std::uint64_t base) {
+  void connect(int p, const std::byte* address, std::array<const std::byte*, 2> rkeys,
+               const announcement& a) {
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -453,9 +481,11 @@ class transport : public proxy::rma_transport_base {
       s = ucp_ep_create(worker_, &ep, &peers_[p].ep);
     }
     if (s != UCS_OK) fail_status("ucx setup", p, "ucp_ep_create", s);
-    s = ucp_ep_rkey_unpack(peers_[p].ep, rkey, &peers_[p].rkey);
-    if (s != UCS_OK) fail_status("ucx setup", p, "ucp_ep_rkey_unpack", s);
-    peers_[p].base = base;
+    for (int i : {counter_region, data_region}) {
+      s = ucp_ep_rkey_unpack(peers_[p].ep, rkeys[i], &peers_[p].rkeys[i]);
+      if (s != UCS_OK) fail_status("ucx setup", p, "ucp_ep_rkey_unpack", s);
+      peers_[p].bases[i] = a.bases[i];
+    }
   }
 
   void close() {
@@ -468,8 +498,10 @@ class transport : public proxy::rma_transport_base {
       while (outstanding_ != 0 && !dl.expired()) ucp_worker_progress(worker_);
     }
     for (auto& p : peers_) {
-      if (p.rkey != nullptr) ucp_rkey_destroy(p.rkey);
-      p.rkey = nullptr;
+      for (ucp_rkey_h& k : p.rkeys) {
+        if (k != nullptr) ucp_rkey_destroy(k);
+        k = nullptr;
+      }
     }
     // Forced: everything of this rank's is flushed, and a peer that has gone
     // must not hold it up.
@@ -487,14 +519,14 @@ class transport : public proxy::rma_transport_base {
     // progress finishes; destroying the worker before would leak it.
     while (worker_ != nullptr && ucp_worker_progress(worker_) != 0 && !dl.expired()) {
     }
-    if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+    for (mapped_region& r : local_) {
+      if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
+      r.memh = nullptr;
+    }
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     if (context_ != nullptr) ucp_cleanup(context_);
-    if (region_ != nullptr) munmap(region_, region_length_);
-    memh_ = nullptr;
     worker_ = nullptr;
     context_ = nullptr;
-    region_ = nullptr;
   }
 
   // Progresses until the request `r` (from an _nbx call) is done, or dl.
@@ -533,8 +565,8 @@ class transport : public proxy::rma_transport_base {
     const ucp_request_param_t rp = request_param(op);
     const auto& p = peers_[peer];
     track(op,
-          ucp_put_nbx(p.ep, data() + local_off, bytes, p.base + counters_length() + remote_off,
-                      p.rkey, &rp),
+          ucp_put_nbx(p.ep, data() + local_off, bytes, p.bases[data_region] + remote_off,
+                      p.rkeys[data_region], &rp),
           "ucp_put_nbx");
   }
 
@@ -567,7 +599,8 @@ class transport : public proxy::rma_transport_base {
     const auto& p = peers_[peer];
     track(op,
           ucp_put_nbx(p.ep, &op->operand, sizeof op->operand,
-                      p.base + goodbye_slot(rank_) * counter_bytes, p.rkey, &rp),
+                      p.bases[counter_region] + goodbye_slot(rank_) * counter_bytes,
+                      p.rkeys[counter_region], &rp),
           "ucp_put_nbx");
   }
 
@@ -582,8 +615,9 @@ class transport : public proxy::rma_transport_base {
     rp.datatype = ucp_dt_make_contig(sizeof(std::uint64_t));
     const auto& p = peers_[peer];
     track(op,
-          ucp_atomic_op_nbx(p.ep, UCP_ATOMIC_OP_ADD, &op->operand, 1, p.base + slot * counter_bytes,
-                            p.rkey, &rp),
+          ucp_atomic_op_nbx(p.ep, UCP_ATOMIC_OP_ADD, &op->operand, 1,
+                            p.bases[counter_region] + slot * counter_bytes, p.rkeys[counter_region],
+                            &rp),
           "ucp_atomic_op_nbx");
   }
 
@@ -647,9 +681,7 @@ class transport : public proxy::rma_transport_base {
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
-  ucp_mem_h memh_ = nullptr;
-  std::byte* region_ = nullptr;
-  std::size_t region_length_ = 0;
+  mapped_region local_[2];  // counter_region, data_region
 
   std::optional<error> deferred_error_;
   std::vector<peer_state> peers_;
