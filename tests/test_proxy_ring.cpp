@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/completion_window.hpp"
 #include "epcomm/proxy/engine.hpp"
 #include "epcomm/proxy/ring.hpp"
@@ -328,4 +329,69 @@ TEST_CASE("the engine checks its options") {
   opt.channels = 0;
   CHECK_THROWS_WITH_AS(proxy::engine<scripted_transport>(t, opt),
                        doctest::Contains("channels must be >= 1"), error);
+}
+
+// The producer handle a kernel holds (proxy::channel), here driven by a host
+// thread over rings the test owns, as pinned memory would be.
+TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and reports") {
+  scripted_transport t;
+  test_ring a(2), b(4);
+  proxy::engine<scripted_transport> engine(t, {a.view, b.view});
+  CHECK(engine.channels() == 2);
+  std::uint64_t counters[3] = {};
+  const proxy::channel ch{a.view, counters, std::chrono::nanoseconds(100ms).count()};
+
+  CHECK(ch.put(1, 10, 20, 30) == proxy::channel_status::ok);
+  CHECK(ch.put_signal(2, 11, 21, 31, 2, 5) == proxy::channel_status::ok);
+  // Capacity 2, nothing complete: the third waits, then gives up.
+  CHECK(ch.signal(3, 1, 7) == proxy::channel_status::ring_full);
+  CHECK(ch.quiet() == proxy::channel_status::not_drained);
+  t.complete(0);
+  CHECK(ch.signal(3, 1, 7) == proxy::channel_status::ok);  // a slot came free
+  t.complete(1);
+  REQUIRE(eventually([&] { return t.issued().size() == 3; }));
+  t.complete(2);
+  CHECK(ch.quiet() == proxy::channel_status::ok);
+  CHECK(ch.flush(1) == proxy::channel_status::ok);
+  REQUIRE(eventually([&] { return t.issued().size() == 4; }));
+  const auto ops = t.issued();
+  CHECK((ops[0].code == proxy::op_code::put && ops[0].peer == 1 && ops[0].local == 10 &&
+         ops[0].remote == 20 && ops[0].bytes == 30));
+  CHECK((ops[1].code == proxy::op_code::put_signal && ops[1].slot == 2 && ops[1].n == 5));
+  CHECK((ops[2].code == proxy::op_code::signal && ops[2].peer == 3 && ops[2].n == 7));
+  CHECK((ops[3].code == proxy::op_code::flush && ops[3].peer == 1));
+  t.complete(3);
+
+  // wait: reaches the count another thread publishes, or says it was late.
+  std::uint64_t seen = 0;
+  CHECK(ch.wait(1, 1, &seen) == proxy::channel_status::signal_late);
+  CHECK(seen == 0);
+  std::thread signaller([&] {
+    std::this_thread::sleep_for(10ms);
+    __atomic_store_n(&counters[1], 3, __ATOMIC_RELEASE);
+  });
+  CHECK(ch.wait(1, 3, &seen) == proxy::channel_status::ok);
+  CHECK(seen == 3);
+  signaller.join();
+
+  // A transport error: every call of every channel reports the failed proxy.
+  t.fail_progress();
+  REQUIRE(eventually([&] { return engine.failed(); }));
+  const proxy::channel other{b.view, counters, std::chrono::nanoseconds(10s).count()};
+  CHECK(ch.put(1, 0, 0, 8) == proxy::channel_status::proxy_failed);
+  CHECK(other.quiet() == proxy::channel_status::ok);  // nothing was pushed to it
+  CHECK(other.signal(1, 0, 1) == proxy::channel_status::proxy_failed);
+  CHECK(other.wait(0, 1) == proxy::channel_status::proxy_failed);  // at once, not after 10 s
+  CHECK(std::string(proxy::to_string(proxy::channel_status::signal_late)).find("signal") !=
+        std::string::npos);
+}
+
+TEST_CASE("the engine refuses rings that are not rings") {
+  scripted_transport t;
+  CHECK_THROWS_WITH_AS(proxy::engine<scripted_transport>(t, std::vector<proxy::ring_view>{}),
+                       doctest::Contains("no rings"), error);
+  test_ring r(4);
+  r.view.header->capacity = 3;
+  CHECK_THROWS_WITH_AS(proxy::engine<scripted_transport>(t, {r.view}),
+                       doctest::Contains("power of two"), error);
 }

@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "epcomm/concepts.hpp"
@@ -40,6 +41,8 @@
 namespace epcomm::proxy {
 
 struct engine_options {
+  // Rings the engine allocates (host producers); ignored by the constructor
+  // that takes the caller's rings.
   int channels = 1;                    // producers, one ring each
   std::uint64_t ring_capacity = 1024;  // descriptors per ring, a power of two
   // When there is nothing to do the proxy spins, then yields, then sleeps in
@@ -59,13 +62,12 @@ concept completion_counting = rma_transport<T> && requires(const T& t) {
 template <completion_counting T>
 class engine {
  public:
+  // Allocates opt.channels rings in host memory, for host producers (push,
+  // quiet).
   engine(T& transport, const engine_options& opt = {})
       : transport_(transport), opt_(opt), issued_(transport.completed()) {
     if (opt.channels < 1) throw error(transport.rank(), "proxy", no_peer, "channels must be >= 1");
-    if (!valid_capacity(opt.ring_capacity))
-      throw error(
-          transport.rank(), "proxy", no_peer,
-          "ring_capacity must be a power of two >= 2, got " + std::to_string(opt.ring_capacity));
+    check_capacity(opt.ring_capacity);
     for (int c = 0; c < opt.channels; ++c) {
       const std::size_t bytes = ring_bytes(opt.ring_capacity);
       auto* memory = static_cast<std::byte*>(::operator new (bytes, std::align_val_t{64}));
@@ -73,6 +75,17 @@ class engine {
       rings_.emplace_back(memory);
       views_.push_back(ring_view::over(memory, opt.ring_capacity));
     }
+    thread_ = std::thread([this] { run(); });
+  }
+
+  // Drains rings whose memory the caller owns and keeps alive longer than
+  // the engine, each laid out by ring_view::over: pinned host memory that
+  // CUDA kernels write (cuda/proxy_rings.hpp), producers writing through a
+  // proxy::channel. One ring per channel, in the order given.
+  engine(T& transport, std::vector<ring_view> rings, const engine_options& opt = {})
+      : transport_(transport), opt_(opt), views_(std::move(rings)), issued_(transport.completed()) {
+    if (views_.empty()) throw error(transport.rank(), "proxy", no_peer, "no rings to drain");
+    for (const ring_view& r : views_) check_capacity(r.header->capacity);
     thread_ = std::thread([this] { run(); });
   }
 
@@ -129,6 +142,12 @@ class engine {
     ring_consumer consumer;
     std::deque<std::uint64_t> tickets;  // transport operation of each read, unretired descriptor
   };
+
+  void check_capacity(std::uint64_t capacity) const {
+    if (!valid_capacity(capacity))
+      throw error(transport_.rank(), "proxy", no_peer,
+                  "ring_capacity must be a power of two >= 2, got " + std::to_string(capacity));
+  }
 
   struct aligned_delete {
     void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{64}); }

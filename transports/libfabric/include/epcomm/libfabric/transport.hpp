@@ -150,6 +150,11 @@ class transport : public proxy::rma_transport_base {
   std::span<std::byte> local_buffer() { return {data(), bytes_}; }
   bool local_buffer_on_device() const { return local_[data_region].memory.on_device(); }
 
+  // The words wait() reads, one per signal slot, in host memory: what a
+  // producer that waits by itself (a proxy::channel in a kernel, through a
+  // mapping of them) polls. Only this transport writes them.
+  std::span<const std::uint64_t> signal_counters() const { return {counters_.data(), user_slots_}; }
+
   void put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes) {
     std::lock_guard lock(mu_);
     check_op("put", peer, local_off, remote_off, bytes);

@@ -135,6 +135,11 @@ class transport : public proxy::rma_transport_base {
   std::span<std::byte> local_buffer() { return {data(), bytes_}; }
   bool local_buffer_on_device() const { return local_[data_region].memory.on_device(); }
 
+  // The words wait() reads, one per signal slot, in host memory: what a
+  // producer that waits by itself (a proxy::channel in a kernel, through a
+  // mapping of them) polls. Only this transport writes them.
+  std::span<const std::uint64_t> signal_counters() const { return {counter_word(0), user_slots_}; }
+
   void put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes) {
     std::lock_guard lock(mu_);
     check_op("put", peer, local_off, remote_off, bytes);
@@ -325,7 +330,7 @@ class transport : public proxy::rma_transport_base {
 
   // The counter region holds one 8-byte word per slot.
   std::byte* data() { return local_[data_region].memory.data(); }
-  std::uint64_t* counter_word(std::size_t slot) {
+  std::uint64_t* counter_word(std::size_t slot) const {
     return reinterpret_cast<std::uint64_t*>(local_[counter_region].memory.data()) + slot;
   }
   std::uint64_t counter(std::size_t slot) {
