@@ -12,7 +12,9 @@
 //                   roofline and the NCCL baseline;
 //   5. low latency  correctness (ll_correctness.hpp, bf16 and fp8 wire,
 //                   against the reference and the host low-latency engine),
-//                   the absent peer, and the timing of each phase.
+//                   the absent peer, and the timing of each phase;
+//   6. gpu-fed proxy  kernels that drive libfabric and UCX through the proxy
+//                   ring (proxy_check.hpp), when those transports were built.
 //
 // Prints one table and exits non-zero if anything failed. The parent process
 // never touches CUDA: a process that forks after initialising CUDA leaves its
@@ -32,6 +34,9 @@
 #include "ll_correctness.hpp"
 #include "ll_timing.hpp"
 #include "timing.hpp"
+#if defined(EPCOMM_GPU_PROXY_LIBFABRIC) || defined(EPCOMM_GPU_PROXY_UCX)
+#include "proxy_check.hpp"
+#endif
 
 namespace {
 
@@ -121,6 +126,15 @@ bool run(const std::string& what, int world, const std::function<int(local_boots
   return ok;
 }
 
+#if defined(EPCOMM_GPU_PROXY_LIBFABRIC) || defined(EPCOMM_GPU_PROXY_UCX)
+// One rank's GPU-fed proxy check, its failure explained on stderr.
+int proxy_rank(local_bootstrap& b, proxy_check_outcome (*check)(local_bootstrap&)) {
+  const proxy_check_outcome out = check(b);
+  if (out.code != 0) std::fprintf(stderr, "rank %d: %s\n", b.rank(), out.text.c_str());
+  return out.code;
+}
+#endif
+
 void print_table(const shared_results& r) {
   const double bw = r.copy_bytes_per_s;
   std::printf("\nepcomm on %s; roofline: device-to-device copy at %.0f GB/s\n", r.device, bw / 1e9);
@@ -194,6 +208,18 @@ int main(int argc, char** argv) {
               [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3>(b, opt.quick); }));
     if (world >= 2)
       check(run("low-latency absent peer fails everyone", world, check_ll_absent_peer));
+  }
+
+  for (int world : opt.ranks) {
+    if (!opt.normal || world < 2) continue;
+#if defined(EPCOMM_GPU_PROXY_LIBFABRIC)
+    check(run("gpu-fed proxy over libfabric", world,
+              [](local_bootstrap& b) { return proxy_rank(b, gpu_fed_exchange_libfabric); }));
+#endif
+#if defined(EPCOMM_GPU_PROXY_UCX)
+    check(run("gpu-fed proxy over ucx", world,
+              [](local_bootstrap& b) { return proxy_rank(b, gpu_fed_exchange_ucx); }));
+#endif
   }
 
   if (opt.run_timing && opt.normal) {

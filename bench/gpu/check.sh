@@ -10,7 +10,9 @@
 # fp32, the failure paths, and the timing table (CUDA events, median of >= 20
 # timed iterations after warm-up) against the roofline and NCCL; then the same
 # for the low-latency kernels (bf16 and fp8 wire, against the host
-# low-latency engine) with a table of each phase's time. Exits
+# low-latency engine) with a table of each phase's time, and kernels that
+# drive libfabric and UCX through the proxy ring (when their -dev packages
+# are installed; loopback unless FI_PROVIDER / UCX_TLS say otherwise). Exits
 # non-zero on any mismatch or failure. Budget: under 8 minutes on one H200
 # (build about 1-2 minutes with all cores, run about 2-4).
 #

@@ -1,0 +1,189 @@
+// The GPU-fed proxy: CUDA kernels drive an RMA transport (libfabric, UCX)
+// through the proxy thread. This host object sets up what a kernel needs and
+// hands it proxy::channel handles (epcomm/proxy/channel.hpp):
+//
+//   rings      one per channel, in pinned host memory mapped into the
+//              device (cudaHostAlloc): kernels write descriptors over PCIe,
+//              the proxy engine drains them;
+//   counters   the transport's signal counters, registered and mapped
+//              (cudaHostRegister), so that a kernel's wait polls them;
+//   buffer     the transport's symmetric buffer as kernels address it:
+//              device memory itself when the transport was built on it
+//              (options::memory, GPUDirect RDMA), else the host buffer,
+//              registered and mapped (kernels then stage rows over PCIe).
+//
+// Setup errors are epcomm::error naming the rank, "gpu proxy setup" and the
+// CUDA call that failed. Keep the transport alive longer than this object;
+// destroying it stops the engine first (waiting for what is in flight).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epcomm/cuda/runtime_error.hpp"
+#include "epcomm/deadline.hpp"
+#include "epcomm/proxy/channel.hpp"
+#include "epcomm/proxy/engine.hpp"
+
+namespace epcomm::cuda {
+
+struct gpu_proxy_options {
+  int channels = 1;                    // rings; one producing thread each
+  std::uint64_t ring_capacity = 1024;  // descriptors per ring, a power of two
+  // Bound on each spin of a kernel's channel calls. EPCOMM_TIMEOUT_MS overrides it.
+  std::chrono::milliseconds timeout = default_timeout;
+  proxy::engine_options engine{};  // idle and drain behaviour (its ring fields are unused)
+};
+
+// A transport a kernel can drive through the proxy: the engine's contract,
+// plus the counters and the placement of the buffer.
+template <class T>
+concept gpu_fed_transport = proxy::completion_counting<T> && requires(const T& t) {
+  { t.signal_counters() } -> std::same_as<std::span<const std::uint64_t>>;
+  { t.local_buffer_on_device() } -> std::same_as<bool>;
+};
+
+template <gpu_fed_transport Transport>
+class gpu_proxy {
+ public:
+  gpu_proxy(Transport& t, const gpu_proxy_options& opt = {})
+      : rank_(t.rank()),
+        timeout_ns_(static_cast<std::uint64_t>(
+            std::chrono::nanoseconds(effective_timeout(opt.timeout)).count())) {
+    if (opt.channels < 1) fail("channels must be >= 1");
+    if (!proxy::valid_capacity(opt.ring_capacity))
+      fail("ring_capacity must be a power of two >= 2, got " + std::to_string(opt.ring_capacity));
+    const std::size_t ring_bytes = proxy::ring_bytes(opt.ring_capacity);
+    rings_ = pinned_allocation(rank_, ring_bytes * static_cast<std::size_t>(opt.channels));
+    std::vector<proxy::ring_view> host_views;
+    for (int c = 0; c < opt.channels; ++c) {
+      const std::size_t at = ring_bytes * static_cast<std::size_t>(c);  // 64-byte multiples
+      host_views.push_back(proxy::ring_view::over(rings_.host() + at, opt.ring_capacity));
+      device_rings_.push_back({reinterpret_cast<proxy::ring_header*>(rings_.device() + at),
+                               reinterpret_cast<proxy::descriptor*>(rings_.device() + at +
+                                                                    sizeof(proxy::ring_header))});
+    }
+    const std::span<const std::uint64_t> counters = t.signal_counters();
+    counters_ = host_registration(rank_, counters.data(), counters.size_bytes());
+    const std::span<std::byte> buffer = t.local_buffer();
+    if (t.local_buffer_on_device()) {
+      device_buffer_ = buffer.data();
+    } else {
+      buffer_ = host_registration(rank_, buffer.data(), buffer.size_bytes());
+      device_buffer_ = buffer_.device();
+    }
+    engine_ = std::make_unique<proxy::engine<Transport>>(t, std::move(host_views), opt.engine);
+  }
+
+  gpu_proxy(const gpu_proxy&) = delete;
+  gpu_proxy& operator=(const gpu_proxy&) = delete;
+
+  int channels() const { return static_cast<int>(device_rings_.size()); }
+
+  // What a kernel gets for channel c: every pointer in it is a device address.
+  proxy::channel channel(int c) const {
+    return {device_rings_.at(static_cast<std::size_t>(c)),
+            reinterpret_cast<const std::uint64_t*>(counters_.device()), timeout_ns_};
+  }
+
+  // The transport's local_buffer() as kernels address it.
+  std::byte* device_buffer() const { return device_buffer_; }
+
+  // The proxy's host side: failed() and rethrow() give the cause behind a
+  // kernel's proxy_failed status.
+  proxy::engine<Transport>& engine() { return *engine_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& cause) const {
+    throw error(rank_, "gpu proxy setup", no_peer, cause);
+  }
+
+  // Pinned host memory mapped into the device, zeroed.
+  class pinned_allocation {
+   public:
+    pinned_allocation() = default;
+    pinned_allocation(int rank, std::size_t bytes) {
+      void* p = nullptr;
+      check_cuda(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), rank,
+                 "gpu proxy setup", no_peer,
+                 "cudaHostAlloc of " + std::to_string(bytes) + " bytes");
+      host_ = static_cast<std::byte*>(p);
+      std::memset(host_, 0, bytes);
+      void* d = nullptr;
+      check_cuda(cudaHostGetDevicePointer(&d, p, 0), rank, "gpu proxy setup", no_peer,
+                 "cudaHostGetDevicePointer");
+      device_ = static_cast<std::byte*>(d);
+    }
+    pinned_allocation(pinned_allocation&& o) noexcept
+        : host_(std::exchange(o.host_, nullptr)), device_(o.device_) {}
+    pinned_allocation& operator=(pinned_allocation&& o) noexcept {
+      std::swap(host_, o.host_);
+      std::swap(device_, o.device_);
+      return *this;
+    }
+    ~pinned_allocation() {
+      if (host_ != nullptr) cudaFreeHost(host_);
+    }
+    std::byte* host() const { return host_; }
+    std::byte* device() const { return device_; }
+
+   private:
+    std::byte* host_ = nullptr;
+    std::byte* device_ = nullptr;
+  };
+
+  // Host memory someone else owns, page-locked and mapped into the device
+  // while this lives.
+  class host_registration {
+   public:
+    host_registration() = default;
+    host_registration(int rank, const void* host, std::size_t bytes) {
+      // cudaHostRegister takes a mutable pointer; the device only reads or
+      // writes what the owner lets it (counters: read only).
+      void* p = const_cast<void*>(host);
+      check_cuda(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+                 rank, "gpu proxy setup", no_peer,
+                 "cudaHostRegister of " + std::to_string(bytes) + " bytes");
+      host_ = p;
+      void* d = nullptr;
+      check_cuda(cudaHostGetDevicePointer(&d, p, 0), rank, "gpu proxy setup", no_peer,
+                 "cudaHostGetDevicePointer");
+      device_ = static_cast<std::byte*>(d);
+    }
+    host_registration(host_registration&& o) noexcept
+        : host_(std::exchange(o.host_, nullptr)), device_(o.device_) {}
+    host_registration& operator=(host_registration&& o) noexcept {
+      std::swap(host_, o.host_);
+      std::swap(device_, o.device_);
+      return *this;
+    }
+    ~host_registration() {
+      if (host_ != nullptr) cudaHostUnregister(host_);
+    }
+    std::byte* device() const { return device_; }
+
+   private:
+    void* host_ = nullptr;
+    std::byte* device_ = nullptr;
+  };
+
+  int rank_;
+  std::uint64_t timeout_ns_;
+  pinned_allocation rings_;
+  std::vector<proxy::ring_view> device_rings_;
+  host_registration counters_;
+  host_registration buffer_;  // unused when the buffer is device memory
+  std::byte* device_buffer_ = nullptr;
+  std::unique_ptr<proxy::engine<Transport>> engine_;  // declared last: stops first
+};
+
+}  // namespace epcomm::cuda
