@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 
 #include "epcomm/bootstrap/local.hpp"
@@ -58,7 +59,7 @@ int exchange_through_channel(local_bootstrap& boot, std::uint64_t ring_capacity)
       static_cast<std::byte*>(::operator new (ring_bytes, std::align_val_t{64})));
   std::memset(memory.get(), 0, ring_bytes);
   const proxy::ring_view ring = proxy::ring_view::over(memory.get(), ring_capacity);
-  proxy::engine<Transport> engine(t, {ring});
+  proxy::engine<Transport> engine(t, std::span(&ring, 1));
   const proxy::channel ch{ring, t.signal_counters().data(),
                           static_cast<std::uint64_t>(std::chrono::nanoseconds(30s).count())};
   auto buf = t.local_buffer();

@@ -336,7 +336,8 @@ TEST_CASE("the engine checks its options") {
 TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and reports") {
   scripted_transport t;
   test_ring a(2), b(4);
-  proxy::engine<scripted_transport> engine(t, {a.view, b.view});
+  const std::vector<proxy::ring_view> rings{a.view, b.view};
+  proxy::engine<scripted_transport> engine(t, rings);
   CHECK(engine.channels() == 2);
   std::uint64_t counters[3] = {};
   const proxy::channel ch{a.view, counters, std::chrono::nanoseconds(100ms).count()};
@@ -388,10 +389,10 @@ TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and 
 
 TEST_CASE("the engine refuses rings that are not rings") {
   scripted_transport t;
-  CHECK_THROWS_WITH_AS(proxy::engine<scripted_transport>(t, std::vector<proxy::ring_view>{}),
+  CHECK_THROWS_WITH_AS(proxy::engine<scripted_transport>(t, std::span<const proxy::ring_view>{}),
                        doctest::Contains("no rings"), error);
   test_ring r(4);
   r.view.header->capacity = 3;
-  CHECK_THROWS_WITH_AS(proxy::engine<scripted_transport>(t, {r.view}),
+  CHECK_THROWS_WITH_AS(proxy::engine<scripted_transport>(t, std::span(&r.view, 1)),
                        doctest::Contains("power of two"), error);
 }

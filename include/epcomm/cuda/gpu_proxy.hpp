@@ -81,7 +81,7 @@ class gpu_proxy {
       buffer_ = host_registration(rank_, buffer.data(), buffer.size_bytes());
       device_buffer_ = buffer_.device();
     }
-    engine_ = std::make_unique<proxy::engine<Transport>>(t, std::move(host_views), opt.engine);
+    engine_ = std::make_unique<proxy::engine<Transport>>(t, host_views, opt.engine);
   }
 
   gpu_proxy(const gpu_proxy&) = delete;

@@ -27,9 +27,9 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "epcomm/concepts.hpp"
@@ -82,8 +82,11 @@ class engine {
   // the engine, each laid out by ring_view::over: pinned host memory that
   // CUDA kernels write (cuda/proxy_rings.hpp), producers writing through a
   // proxy::channel. One ring per channel, in the order given.
-  engine(T& transport, std::vector<ring_view> rings, const engine_options& opt = {})
-      : transport_(transport), opt_(opt), views_(std::move(rings)), issued_(transport.completed()) {
+  engine(T& transport, std::span<const ring_view> rings, const engine_options& opt = {})
+      : transport_(transport),
+        opt_(opt),
+        views_(rings.begin(), rings.end()),
+        issued_(transport.completed()) {
     if (views_.empty()) throw error(transport.rank(), "proxy", no_peer, "no rings to drain");
     for (const ring_view& r : views_) check_capacity(r.header->capacity);
     thread_ = std::thread([this] { run(); });
