@@ -63,7 +63,7 @@ class gpu_proxy {
     if (!proxy::valid_capacity(opt.ring_capacity))
       fail("ring_capacity must be a power of two >= 2, got " + std::to_string(opt.ring_capacity));
     const std::size_t ring_bytes = proxy::ring_bytes(opt.ring_capacity);
-    rings_ = pinned_allocation(rank_, ring_bytes * static_cast<std::size_t>(opt.channels));
+    rings_ = host_mapping::allocate(rank_, ring_bytes * static_cast<std::size_t>(opt.channels));
     std::vector<proxy::ring_view> host_views;
     for (int c = 0; c < opt.channels; ++c) {
       const std::size_t at = ring_bytes * static_cast<std::size_t>(c);  // 64-byte multiples
@@ -73,12 +73,12 @@ class gpu_proxy {
                                                                     sizeof(proxy::ring_header))});
     }
     const std::span<const std::uint64_t> counters = t.signal_counters();
-    counters_ = host_registration(rank_, counters.data(), counters.size_bytes());
+    counters_ = host_mapping::register_range(rank_, counters.data(), counters.size_bytes());
     const std::span<std::byte> buffer = t.local_buffer();
     if (t.local_buffer_on_device()) {
       device_buffer_ = buffer.data();
     } else {
-      buffer_ = host_registration(rank_, buffer.data(), buffer.size_bytes());
+      buffer_ = host_mapping::register_range(rank_, buffer.data(), buffer.size_bytes());
       device_buffer_ = buffer_.device();
     }
     engine_ = std::make_unique<proxy::engine<Transport>>(t, host_views, opt.engine);
@@ -107,81 +107,64 @@ class gpu_proxy {
     throw error(rank_, "gpu proxy setup", no_peer, cause);
   }
 
-  // Pinned host memory mapped into the device, zeroed.
-  class pinned_allocation {
+  // Pinned host memory mapped into the device while this lives: allocated
+  // here (cudaHostAlloc, zeroed) or someone else's, registered
+  // (cudaHostRegister).
+  class host_mapping {
    public:
-    pinned_allocation() = default;
-    pinned_allocation(int rank, std::size_t bytes) {
+    host_mapping() = default;
+    static host_mapping allocate(int rank, std::size_t bytes) {
       void* p = nullptr;
       check_cuda(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), rank,
                  "gpu proxy setup", no_peer,
                  "cudaHostAlloc of " + std::to_string(bytes) + " bytes");
-      host_ = static_cast<std::byte*>(p);
-      std::memset(host_, 0, bytes);
-      void* d = nullptr;
-      check_cuda(cudaHostGetDevicePointer(&d, p, 0), rank, "gpu proxy setup", no_peer,
-                 "cudaHostGetDevicePointer");
-      device_ = static_cast<std::byte*>(d);
+      std::memset(p, 0, bytes);
+      return host_mapping(rank, p, &cudaFreeHost);
     }
-    pinned_allocation(pinned_allocation&& o) noexcept
-        : host_(std::exchange(o.host_, nullptr)), device_(o.device_) {}
-    pinned_allocation& operator=(pinned_allocation&& o) noexcept {
-      std::swap(host_, o.host_);
-      std::swap(device_, o.device_);
-      return *this;
-    }
-    ~pinned_allocation() {
-      if (host_ != nullptr) cudaFreeHost(host_);
-    }
-    std::byte* host() const { return host_; }
-    std::byte* device() const { return device_; }
-
-   private:
-    std::byte* host_ = nullptr;
-    std::byte* device_ = nullptr;
-  };
-
-  // Host memory someone else owns, page-locked and mapped into the device
-  // while this lives.
-  class host_registration {
-   public:
-    host_registration() = default;
-    host_registration(int rank, const void* host, std::size_t bytes) {
-      // cudaHostRegister takes a mutable pointer; the device only reads or
-      // writes what the owner lets it (counters: read only).
+    // The device reads or writes only what the owner lets it (counters: read
+    // only); cudaHostRegister just takes a mutable pointer.
+    static host_mapping register_range(int rank, const void* host, std::size_t bytes) {
       void* p = const_cast<void*>(host);
       check_cuda(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
                  rank, "gpu proxy setup", no_peer,
                  "cudaHostRegister of " + std::to_string(bytes) + " bytes");
-      host_ = p;
-      void* d = nullptr;
-      check_cuda(cudaHostGetDevicePointer(&d, p, 0), rank, "gpu proxy setup", no_peer,
-                 "cudaHostGetDevicePointer");
-      device_ = static_cast<std::byte*>(d);
+      return host_mapping(rank, p, &cudaHostUnregister);
     }
-    host_registration(host_registration&& o) noexcept
-        : host_(std::exchange(o.host_, nullptr)), device_(o.device_) {}
-    host_registration& operator=(host_registration&& o) noexcept {
+    host_mapping(host_mapping&& o) noexcept
+        : host_(std::exchange(o.host_, nullptr)), device_(o.device_), release_(o.release_) {}
+    host_mapping& operator=(host_mapping&& o) noexcept {
       std::swap(host_, o.host_);
       std::swap(device_, o.device_);
+      std::swap(release_, o.release_);
       return *this;
     }
-    ~host_registration() {
-      if (host_ != nullptr) cudaHostUnregister(host_);
+    ~host_mapping() {
+      if (host_ != nullptr) release_(host_);
     }
+    std::byte* host() const { return static_cast<std::byte*>(host_); }
     std::byte* device() const { return device_; }
 
    private:
+    using release_fn = cudaError_t (*)(void*);
+    host_mapping(int rank, void* host, release_fn release) : host_(host), release_(release) {
+      void* d = nullptr;
+      const cudaError_t mapped = cudaHostGetDevicePointer(&d, host, 0);
+      if (mapped != cudaSuccess) release_(host_);  // no destructor runs for a failed constructor
+      check_cuda(mapped, rank, "gpu proxy setup", no_peer, "cudaHostGetDevicePointer");
+      device_ = static_cast<std::byte*>(d);
+    }
+
     void* host_ = nullptr;
     std::byte* device_ = nullptr;
+    release_fn release_ = nullptr;
   };
 
   int rank_;
   std::uint64_t timeout_ns_;
-  pinned_allocation rings_;
+  host_mapping rings_;
   std::vector<proxy::ring_view> device_rings_;
-  host_registration counters_;
-  host_registration buffer_;  // unused when the buffer is device memory
+  host_mapping counters_;
+  host_mapping buffer_;  // unused when the buffer is device memory
   std::byte* device_buffer_ = nullptr;
   std::unique_ptr<proxy::engine<Transport>> engine_;  // declared last: stops first
 };
