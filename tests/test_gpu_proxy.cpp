@@ -41,13 +41,13 @@ void run_check(const char* what, Check check) {
 
 }  // namespace
 
-#if defined(EPCOMM_GPU_PROXY_LIBFABRIC)
+#if defined(EPCOMM_TEST_LIBFABRIC)
 TEST_CASE("libfabric: kernels drive the proxy, or setup says why they cannot") {
   run_check("gpu-fed libfabric", gpu_check::gpu_fed_exchange_libfabric);
 }
 #endif
 
-#if defined(EPCOMM_GPU_PROXY_UCX)
+#if defined(EPCOMM_TEST_UCX)
 TEST_CASE("ucx: kernels drive the proxy, or setup says why they cannot") {
   run_check("gpu-fed ucx", gpu_check::gpu_fed_exchange_ucx);
 }
