@@ -38,7 +38,14 @@ class normal_case final : public bench_case {
             input_.topk_idx, input_.topk_weights},
         buffer_(boot, config(w)),
         baseline_(comm, w),
-        link_(boot, link_bytes(w, world_)) {}
+        link_(boot, link_bytes(w, world_)) {
+    // The tokens are produced into dispatch_send_buffer, as a model layer
+    // would: an RMA transport puts them from there without staging them; the
+    // baseline's all-to-all reads input_.x.
+    const auto at = buffer_.dispatch_send_buffer(w.tokens, w.hidden);
+    std::copy(input_.x.begin(), input_.x.end(), at.begin());
+    in_.x = at;
+  }
 
   std::string verify() override {
     const auto mine = buffer_.dispatch(in_);

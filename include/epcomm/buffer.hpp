@@ -81,6 +81,31 @@ class buffer {
   // buffer refuses further calls. Safe from any thread, also after a failure.
   void abort() { abort_transport(); }
 
+  // Where the tokens of the next dispatch can be written ([num_tokens][hidden])
+  // so that a dispatch given exactly this span as x copies none of them. Over
+  // an RMA transport this is registered memory: rows are put from where they
+  // are, a run of consecutive tokens bound for one rank as one write, instead
+  // of being staged per destination first. Over a peer-mapped transport
+  // dispatch stores rows into the peers' buffers from wherever x is, and this
+  // is plain memory of the buffer's. Only the caller writes it; dispatch
+  // returns once nothing reads it any more.
+  std::span<Token> dispatch_send_buffer(int num_tokens, int hidden) {
+    if (num_tokens < 0 || num_tokens > cap_.max_tokens_per_rank || hidden < 1 ||
+        hidden > cap_.max_hidden)
+      throw error(rank_, "dispatch_send_buffer", no_peer,
+                  "invalid input: " + std::to_string(num_tokens) + " tokens of hidden " +
+                      std::to_string(hidden) + " exceed the buffer's " +
+                      std::to_string(cap_.max_tokens_per_rank) + " tokens of hidden <= " +
+                      std::to_string(cap_.max_hidden));
+    const std::size_t n = static_cast<std::size_t>(num_tokens) * hidden;
+    if constexpr (via_proxy) {
+      return {reinterpret_cast<Token*>(transport_.local_buffer().data() + plan_.send_tokens), n};
+    } else {
+      send_tokens_.resize(static_cast<std::size_t>(cap_.max_tokens_per_rank) * cap_.max_hidden);
+      return {send_tokens_.data(), n};
+    }
+  }
+
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
                                   const dispatch_options& opt = {}) {
     ensure_usable("dispatch");
@@ -374,6 +399,8 @@ class buffer {
     const std::size_t k = in.topk;
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
     const int per_rank = topo.experts_per_rank();
+    // Over RMA, x written into dispatch_send_buffer is put from there.
+    const bool stage_x = !(via_proxy && in.x.data() == dispatch_send_area());
     struct target {
       Token* x;
       float* scales;
@@ -408,7 +435,8 @@ class buffer {
         const int pos = lay.position(t, r);
         if (pos < 0) continue;
         const std::size_t row = static_cast<std::size_t>(to[r].base + pos);
-        std::memcpy(to[r].x + row * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
+        if (stage_x)
+          std::memcpy(to[r].x + row * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
         if (nscales != 0)
           std::memcpy(to[r].scales + row * nscales, in.x_scales.data() + t * nscales,
                       nscales * sizeof(float));
@@ -421,17 +449,20 @@ class buffer {
       }
     }
     if constexpr (via_proxy)
-      put_rows(lay, h, hidden, k, nscales, to, dl);
+      put_rows(lay, h, hidden, k, nscales, stage_x, to, dl);
     else
       for (int r = 0; r < world_; ++r)
         transport_.signal_add(r, slot(wire::signal_kind::data, rank_), 1);
   }
 
   // RMA path of send_rows: one put per array and destination, the last one
-  // carrying the data signal.
+  // carrying the data signal. Unstaged x goes out from dispatch_send_buffer
+  // in runs: consecutive tokens bound for rank r land in consecutive rows
+  // there (rows arrive in source order), so each run is one write.
   template <class Target>
   void put_rows(const layout& lay, const dispatch_handle& h, std::size_t hidden, std::size_t k,
-                std::size_t nscales, const std::vector<Target>& staged, const deadline& dl) {
+                std::size_t nscales, bool staged_x, const std::vector<Target>& staged,
+                const deadline& dl) {
     const std::size_t data = slot(wire::signal_kind::data, rank_);
     for (int r = 0; r < world_; ++r) {
       const std::size_t n = lay.tokens_per_rank[r];
@@ -444,7 +475,21 @@ class buffer {
       auto put = [&](proxy::op_code op, std::size_t local, std::size_t remote, std::size_t row) {
         enqueue(op, r, local + from * row, remote + to * row, n * row, data, dl);
       };
-      put(proxy::op_code::put, plan_.send_x, plan_.recv_x, hidden * sizeof(Token));
+      const std::size_t row_x = hidden * sizeof(Token);
+      if (staged_x)
+        put(proxy::op_code::put, plan_.send_x, plan_.recv_x, row_x);
+      else
+        for (int t = 0; t < lay.num_tokens;) {
+          const int pos = lay.position(t, r);
+          int end = t + 1;
+          if (pos >= 0)
+            while (end < lay.num_tokens && lay.position(end, r) >= 0) ++end;
+          if (pos >= 0)
+            enqueue(proxy::op_code::put, r, plan_.send_tokens + static_cast<std::size_t>(t) * row_x,
+                    plan_.recv_x + (to + static_cast<std::size_t>(pos)) * row_x,
+                    static_cast<std::size_t>(end - t) * row_x, data, dl);
+          t = end;
+        }
       if (nscales != 0)
         put(proxy::op_code::put, plan_.send_scales, plan_.recv_scales, nscales * sizeof(float));
       put(proxy::op_code::put, plan_.send_topk_idx, plan_.recv_topk_idx, k * sizeof(std::int64_t));
@@ -544,6 +589,14 @@ class buffer {
                   sizeof(wire::combine_header));
     judge_combine_status(rank_, epoch, all);
     return all;
+  }
+
+  // dispatch_send_buffer's tokens.
+  const Token* dispatch_send_area() {
+    if constexpr (via_proxy)
+      return reinterpret_cast<const Token*>(transport_.local_buffer().data() + plan_.send_tokens);
+    else
+      return send_tokens_.data();
   }
 
   // combine_send_buffer's rows: the in-place region, or the RMA staging area.
@@ -688,6 +741,7 @@ class buffer {
   std::uint64_t in_place_combines_ = 0;  // combines whose rows this rank left in place
   std::optional<std::string> broken_;
   buffer_stats stats_{std::vector<std::chrono::nanoseconds>(world_)};
+  std::vector<Token> send_tokens_;  // dispatch_send_buffer over a peer-mapped transport
 };
 
 }  // namespace epcomm

@@ -117,6 +117,9 @@ struct region_plan {
   std::size_t send_src_idx;          // [max_combine_rows] int32
   std::size_t send_combine_x;        // [max_recv_tokens][max_hidden] combine elements
   std::size_t send_combine_weights;  // [max_recv_tokens][max_topk] float
+  // The caller's tokens, written there through dispatch_send_buffer and put
+  // from there: [max_tokens_per_rank][max_hidden] tokens, its own area.
+  std::size_t send_tokens;
   std::size_t total;
 };
 
@@ -161,6 +164,7 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
     p.send_combine_x = take(n * h * c.combine_bytes);
     p.send_combine_weights = take(n * k * sizeof(float));
     if (at < dispatch_end) at = dispatch_end;
+    p.send_tokens = take(static_cast<std::size_t>(c.max_tokens_per_rank) * h * c.token_bytes);
   }
   p.total = at;
   return p;

@@ -93,13 +93,15 @@ TEST_CASE_TEMPLATE_DEFINE("worst-case receive bound pads results to a routing-in
 }
 
 TEST_CASE_TEMPLATE_DEFINE(
-    "combine takes expert rows from combine_send_buffer, on some ranks or all", T, dc_in_place) {
+    "tokens from dispatch_send_buffer, expert rows from combine_send_buffer, some ranks or all", T,
+    dc_in_place) {
   using namespace epcomm;
   using test::in_place;
   EPCOMM_SUITE_CONTEXT(T);
   test::case_options opt;
   opt.iterations = 6;  // back to back: rows of one call are overwritten by the next
   for (in_place mode : {in_place::all, in_place::odd_ranks}) {
+    opt.dispatch_in_place = mode;
     opt.combine_in_place = mode;
     CHECK(test::run_case<T, bf16>({3, 50, 256, 4, 12, test::routing::uneven, 51}, opt));
     CHECK(test::run_case<T, fp8_e4m3>({4, 40, 256, 4, 16, test::routing::random, 52}, opt));

@@ -17,14 +17,20 @@
 
 namespace epcomm::test {
 
-// Which ranks write their expert outputs into combine_send_buffer: the
-// sources read them there (peer-mapped transports), or they are put from
-// there without being staged (RMA transports).
+// Which ranks write their tokens into dispatch_send_buffer, or their expert
+// outputs into combine_send_buffer: over RMA transports they are then put
+// from there without being staged; over peer-mapped ones the sources read
+// combine's rows there.
 enum class in_place { none, all, odd_ranks };
+
+inline bool applies(in_place mode, int rank) {
+  return mode == in_place::all || (mode == in_place::odd_ranks && rank % 2 == 1);
+}
 
 struct case_options {
   int iterations = 1;
   int worst_case_recv_tokens = 0;
+  in_place dispatch_in_place = in_place::none;
   in_place combine_in_place = in_place::none;
 };
 
@@ -53,6 +59,11 @@ int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
     const auto& mine = all[rank];
     dispatch_input<Token> in{s.tokens,    s.hidden,      s.topk,           mine.x,
                              mine.scales, mine.topk_idx, mine.topk_weights};
+    if (applies(opt.dispatch_in_place, rank)) {
+      const auto at = buf.dispatch_send_buffer(s.tokens, s.hidden);
+      std::copy(mine.x.begin(), mine.x.end(), at.begin());
+      in.x = at;
+    }
     const auto res = buf.dispatch(in, {opt.worst_case_recv_tokens});
     const std::string what =
         transport_name(buf.transport()) + " " + describe(s, token_traits<Token>::name.data());
@@ -67,9 +78,7 @@ int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
     }
     const auto y = expert_rows(res, s.hidden, rank);
     std::span<const typename buffer<Transport, Token>::combine_t> rows = y;
-    const bool leave = opt.combine_in_place == in_place::all ||
-                       (opt.combine_in_place == in_place::odd_ranks && rank % 2 == 1);
-    if (leave) {
+    if (applies(opt.combine_in_place, rank)) {
       const auto at = buf.combine_send_buffer(res.handle);
       std::copy(y.begin(), y.end(), at.begin());
       rows = at;
