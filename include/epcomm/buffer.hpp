@@ -680,9 +680,13 @@ class buffer {
       const std::size_t to = h.return_offset(s, rank_);
       const std::size_t row_x = hidden * sizeof(combine_t);
       const std::size_t row_w = k * sizeof(float);
-      enqueue(weights ? proxy::op_code::put : proxy::op_code::put_signal, s,
-              plan_.send_combine_x + from * row_x, plan_.combine_x + to * row_x, n * row_x, done,
-              dl);
+      // This rank's own rows stay in the staging area: reduce reads them there.
+      if (s == rank_ && !weights)
+        enqueue(proxy::op_code::signal, s, 0, 0, 0, done, dl);
+      else if (s != rank_)
+        enqueue(weights ? proxy::op_code::put : proxy::op_code::put_signal, s,
+                plan_.send_combine_x + from * row_x, plan_.combine_x + to * row_x, n * row_x, done,
+                dl);
       if (weights)
         enqueue(proxy::op_code::put_signal, s, plan_.send_combine_weights + from * row_w,
                 plan_.combine_weights + to * row_w, n * row_w, done, dl);
@@ -690,7 +694,8 @@ class buffer {
   }
 
   // Token t's row from rank r: in this rank's combine region, where r
-  // returned it, or where r left it in place.
+  // returned it, or where r left it in place; over RMA this rank's own rows
+  // are read in its staging area, where put_combine_rows left them.
   void reduce(const combine_input<combine_t>& in, const dispatch_handle& h,
               const std::vector<wire::combine_header>& status, std::span<combine_t> out_x,
               std::span<float> out_weights) {
@@ -703,10 +708,14 @@ class buffer {
     for (int r = 0; r < world_; ++r) {
       first[r] = h.return_offset(rank_, r);
       rows[r] = reinterpret_cast<const combine_t*>(base + plan_.combine_x) + first[r] * hidden;
-      if constexpr (!via_proxy)
-        if (status[r].in_place)
-          rows[r] = reinterpret_cast<const combine_t*>(transport_.peer_ptr(r, plan_.combine_y)) +
+      if constexpr (via_proxy) {
+        if (r == rank_)
+          rows[r] = reinterpret_cast<const combine_t*>(base + plan_.send_combine_x) +
                     static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
+      } else if (status[r].in_place) {
+        rows[r] = reinterpret_cast<const combine_t*>(transport_.peer_ptr(r, plan_.combine_y)) +
+                  static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
+      }
     }
     std::vector<const combine_t*> srcs;
     srcs.reserve(static_cast<std::size_t>(world_));
