@@ -117,6 +117,23 @@ TEST_CASE("more tokens than the buffer holds") {
       "32 tokens exceed the buffer's max_tokens_per_rank 16", -1, 16)));
 }
 
+TEST_CASE("send buffers are refused for shapes the buffer cannot hold, with no collective") {
+  const auto codes = launch_local(1, [](local_bootstrap& boot) {
+    buffer<shm::transport, bf16> buf(boot, {4, 128, 2, 16, 0, std::chrono::milliseconds(5'000)});
+    int refused = 0;
+    for (auto [tokens, hidden] : {std::pair{17, 128}, std::pair{16, 129}, std::pair{-1, 128},
+                                  std::pair{4, 0}}) {
+      try {
+        buf.dispatch_send_buffer(tokens, hidden);
+      } catch (const error& e) {
+        refused += std::string(e.what()).find("dispatch_send_buffer") != std::string::npos;
+      }
+    }
+    return refused == 4 && buf.dispatch_send_buffer(16, 128).size() == 16u * 128 ? 0 : 1;
+  });
+  CHECK(all_zero(codes));
+}
+
 TEST_CASE("more received tokens than the worst-case bound") {
   const shape s{2, 32, 128, 2, 4, routing::one_expert, 5};  // all 64 tokens land on rank 0
   CHECK(all_zero(expect_dispatch_error(
