@@ -169,6 +169,12 @@ class rma_transport_base {
                   std::string("deadline expired waiting for ") + site.what + ": expected " +
                       std::to_string(expected) + ", saw " + std::to_string(count()) + " (" + name_ +
                       ")");
+    // A provider may raise the counter inside its own progress (UCX's
+    // emulated atomics: a plain atomic add after copying the data in, no
+    // release the C++ model or ThreadSanitizer knows of). Progress runs under
+    // mu_, so taking it orders what that progress wrote before this rank
+    // reads it.
+    const std::lock_guard after_progress(mu_);
   }
 
   const int rank_;

@@ -226,9 +226,15 @@ class transport : public proxy::rma_transport_base {
       check_peer_aborts(site);
       blame_if_gone(site, slot, expected);
     };
+    // Goodbye words land by a put, a plain copy inside progress (which runs
+    // under mu_): the periodic check reads them under mu_ too.
+    auto watch = [&] {
+      const std::lock_guard lock(mu_);
+      explain();
+    };
     wait_signal(
         slot, slots_, expected, dl, site, [&] { return counter(slot); }, [&] { progress_locked(); },
-        explain, explain);
+        explain, watch);
   }
 
   // Every rank signals every other on the transport's own slots; these
