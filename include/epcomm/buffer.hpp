@@ -95,8 +95,8 @@ class buffer {
       throw error(rank_, "dispatch_send_buffer", no_peer,
                   "invalid input: " + std::to_string(num_tokens) + " tokens of hidden " +
                       std::to_string(hidden) + " exceed the buffer's " +
-                      std::to_string(cap_.max_tokens_per_rank) + " tokens of hidden <= " +
-                      std::to_string(cap_.max_hidden));
+                      std::to_string(cap_.max_tokens_per_rank) +
+                      " tokens of hidden <= " + std::to_string(cap_.max_hidden));
     const std::size_t n = static_cast<std::size_t>(num_tokens) * hidden;
     if constexpr (via_proxy) {
       return {reinterpret_cast<Token*>(transport_.local_buffer().data() + plan_.send_tokens), n};
@@ -479,16 +479,14 @@ class buffer {
       if (staged_x)
         put(proxy::op_code::put, plan_.send_x, plan_.recv_x, row_x);
       else
-        for (int t = 0; t < lay.num_tokens;) {
+        for (int t = 0, end = 0; t < lay.num_tokens; t = end) {
+          end = t + 1;
           const int pos = lay.position(t, r);
-          int end = t + 1;
-          if (pos >= 0)
-            while (end < lay.num_tokens && lay.position(end, r) >= 0) ++end;
-          if (pos >= 0)
-            enqueue(proxy::op_code::put, r, plan_.send_tokens + static_cast<std::size_t>(t) * row_x,
-                    plan_.recv_x + (to + static_cast<std::size_t>(pos)) * row_x,
-                    static_cast<std::size_t>(end - t) * row_x, data, dl);
-          t = end;
+          if (pos < 0) continue;
+          while (end < lay.num_tokens && lay.position(end, r) >= 0) ++end;
+          enqueue(proxy::op_code::put, r, plan_.send_tokens + static_cast<std::size_t>(t) * row_x,
+                  plan_.recv_x + (to + static_cast<std::size_t>(pos)) * row_x,
+                  static_cast<std::size_t>(end - t) * row_x, data, dl);
         }
       if (nscales != 0)
         put(proxy::op_code::put, plan_.send_scales, plan_.recv_scales, nscales * sizeof(float));
