@@ -55,8 +55,10 @@ class symmetric_memory {
     void* p = nullptr;
     cuda::check_cuda(cudaMalloc(&p, bytes_), rank, op, no_peer,
                      "cudaMalloc of " + std::to_string(bytes_) + " bytes");
+    const cudaError_t zeroed = cudaMemset(p, 0, bytes_);
+    if (zeroed != cudaSuccess) cudaFree(p);  // no destructor runs for a failed constructor
+    cuda::check_cuda(zeroed, rank, op, no_peer, "cudaMemset");
     data_ = static_cast<std::byte*>(p);
-    cuda::check_cuda(cudaMemset(p, 0, bytes_), rank, op, no_peer, "cudaMemset");
 #else
     throw error(rank, op, no_peer,
                 "CUDA device memory was asked for, but this program was built without "
