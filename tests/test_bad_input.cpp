@@ -121,8 +121,8 @@ TEST_CASE("send buffers are refused for shapes the buffer cannot hold, with no c
   const auto codes = launch_local(1, [](local_bootstrap& boot) {
     buffer<shm::transport, bf16> buf(boot, {4, 128, 2, 16, 0, std::chrono::milliseconds(5'000)});
     int refused = 0;
-    for (auto [tokens, hidden] : {std::pair{17, 128}, std::pair{16, 129}, std::pair{-1, 128},
-                                  std::pair{4, 0}}) {
+    for (auto [tokens, hidden] :
+         {std::pair{17, 128}, std::pair{16, 129}, std::pair{-1, 128}, std::pair{4, 0}}) {
       try {
         buf.dispatch_send_buffer(tokens, hidden);
       } catch (const error& e) {

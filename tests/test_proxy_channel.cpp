@@ -40,11 +40,6 @@ std::byte pattern(int round, int src, int dst, std::size_t i) {
   return static_cast<std::byte>((round * 89 + src * 131 + dst * 31 + i * 7 + (i >> 9)) & 0xff);
 }
 
-int fail(int rank, const std::string& what) {
-  std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
-  return 1;
-}
-
 // Buffer layout: world receive regions (slot s: from source s), then world
 // send regions (slot p: bound for peer p), `region` bytes each. Signal slot s
 // counts what source s sent.
@@ -84,27 +79,30 @@ int exchange_through_channel(local_bootstrap& boot, std::uint64_t ring_capacity)
         if (s == proxy::channel_status::ok) s = ch.flush(p);
       }
       if (s != proxy::channel_status::ok)
-        return fail(rank, std::string("push to ") + std::to_string(p) + ": " + to_string(s));
+        return test::fail_rank(rank,
+                               std::string("push to ") + std::to_string(p) + ": " + to_string(s));
     }
     for (int src = 0; src < world; ++src) {
       std::uint64_t seen = 0;
       const auto s =
           ch.wait(static_cast<std::size_t>(src), static_cast<std::uint64_t>(round), &seen);
       if (s != proxy::channel_status::ok)
-        return fail(rank, "round " + std::to_string(round) + ", signal of " + std::to_string(src) +
-                              ": " + to_string(s) + ", saw " + std::to_string(seen));
+        return test::fail_rank(rank, "round " + std::to_string(round) + ", signal of " +
+                                         std::to_string(src) + ": " + to_string(s) + ", saw " +
+                                         std::to_string(seen));
       for (std::size_t i = 0; i < region; ++i)
         if (buf[recv_off(src) + i] != pattern(round, src, rank, i))
-          return fail(rank, "round " + std::to_string(round) + ": byte " + std::to_string(i) +
-                                " from " + std::to_string(src) + " wrong");
+          return test::fail_rank(rank, "round " + std::to_string(round) + ": byte " +
+                                           std::to_string(i) + " from " + std::to_string(src) +
+                                           " wrong");
     }
     // The send regions are rewritten next round: every put must be done.
     if (const auto s = ch.quiet(); s != proxy::channel_status::ok)
-      return fail(rank, std::string("quiet: ") + to_string(s));
+      return test::fail_rank(rank, std::string("quiet: ") + to_string(s));
     // And no peer may still be reading this round's receive regions.
     t.barrier(dl);
   }
-  if (engine.failed()) return fail(rank, "the proxy failed");
+  if (engine.failed()) return test::fail_rank(rank, "the proxy failed");
   return 0;
 }
 

@@ -35,11 +35,6 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-int fail(int rank, const std::string& what) {
-  std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
-  return 1;
-}
-
 #if defined(EPCOMM_WITH_CUDA)
 bool have_gpu() {
   int n = 0;
@@ -51,24 +46,25 @@ bool have_gpu() {
 template <class Transport>
 int round_trip(Transport& t, int rank, const deadline& dl) {
   constexpr std::size_t bytes = 1 << 16;
-  if (!t.local_buffer_on_device()) return fail(rank, "local buffer is not device memory");
+  if (!t.local_buffer_on_device())
+    return test::fail_rank(rank, "local buffer is not device memory");
   std::vector<unsigned char> host(bytes);
   for (std::size_t i = 0; i < bytes; ++i) host[i] = static_cast<unsigned char>(i * 7 + 3);
   auto buf = t.local_buffer();
   if (rank == 0) {
     if (cudaMemcpy(buf.data(), host.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess)
-      return fail(rank, "cudaMemcpy to the buffer failed");
+      return test::fail_rank(rank, "cudaMemcpy to the buffer failed");
     t.put_signal(1, 0, bytes, bytes, 0, 1);
     while (t.completed() < 1) {
-      if (dl.expired()) return fail(rank, "put_signal never completed");
+      if (dl.expired()) return test::fail_rank(rank, "put_signal never completed");
       t.progress();
     }
   } else {
     t.wait(0, 1, dl, {"device round trip", 0, "the pattern"});
     std::vector<unsigned char> seen(bytes);
     if (cudaMemcpy(seen.data(), buf.data() + bytes, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
-      return fail(rank, "cudaMemcpy from the buffer failed");
-    if (seen != host) return fail(rank, "the pattern did not arrive intact");
+      return test::fail_rank(rank, "cudaMemcpy from the buffer failed");
+    if (seen != host) return test::fail_rank(rank, "the pattern did not arrive intact");
   }
   t.barrier(dl);
   return 0;
@@ -90,24 +86,25 @@ void check_device_memory(const char* setup_op) {
 #if defined(EPCOMM_WITH_CUDA)
       return round_trip(t, rank, dl);
 #else
-      return fail(rank, "device memory granted without EPCOMM_WITH_CUDA");
+      return test::fail_rank(rank, "device memory granted without EPCOMM_WITH_CUDA");
 #endif
     } catch (const error& e) {
       const std::string what = e.what();
-      if (!contains(what, prefix)) return fail(rank, "error does not name rank and op: " + what);
+      if (!contains(what, prefix))
+        return test::fail_rank(rank, "error does not name rank and op: " + what);
 #if defined(EPCOMM_WITH_CUDA)
       // A fabric library built without CUDA says so in its call (fi_getinfo
       // or the registration); with no GPU, the CUDA call that failed does.
       const bool fabric_refused =
           contains(what, "FI_HMEM") || contains(what, "UCS_MEMORY_TYPE_CUDA");
       const bool explained = fabric_refused || (!have_gpu() && contains(what, "failed: cudaError"));
-      if (!explained) return fail(rank, "unexpected refusal: " + what);
+      if (!explained) return test::fail_rank(rank, "unexpected refusal: " + what);
       MESSAGE("rank " << rank << " refused device memory: " << what);
       return 0;
 #else
       return contains(what, "built without EPCOMM_WITH_CUDA (link epcomm::cuda)")
                  ? 0
-                 : fail(rank, "unexpected error: " + what);
+                 : test::fail_rank(rank, "unexpected error: " + what);
 #endif
     }
   });

@@ -97,13 +97,9 @@ class buffer {
                       std::to_string(hidden) + " exceed the buffer's " +
                       std::to_string(cap_.max_tokens_per_rank) +
                       " tokens of hidden <= " + std::to_string(cap_.max_hidden));
-    const std::size_t n = static_cast<std::size_t>(num_tokens) * hidden;
-    if constexpr (via_proxy) {
-      return {reinterpret_cast<Token*>(transport_.local_buffer().data() + plan_.send_tokens), n};
-    } else {
+    if constexpr (!via_proxy)
       send_tokens_.resize(static_cast<std::size_t>(cap_.max_tokens_per_rank) * cap_.max_hidden);
-      return {send_tokens_.data(), n};
-    }
+    return {dispatch_send_area(), static_cast<std::size_t>(num_tokens) * hidden};
   }
 
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
@@ -590,9 +586,9 @@ class buffer {
   }
 
   // dispatch_send_buffer's tokens.
-  const Token* dispatch_send_area() {
+  Token* dispatch_send_area() {
     if constexpr (via_proxy)
-      return reinterpret_cast<const Token*>(transport_.local_buffer().data() + plan_.send_tokens);
+      return reinterpret_cast<Token*>(transport_.local_buffer().data() + plan_.send_tokens);
     else
       return send_tokens_.data();
   }

@@ -20,4 +20,10 @@ inline bool all_ok(const std::vector<int>& codes, const std::string& what) {
   return ok;
 }
 
+// Reports a rank's failure on stderr and turns it into an exit code.
+inline int fail_rank(int rank, const std::string& what) {
+  std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
+  return 1;
+}
+
 }  // namespace epcomm::test

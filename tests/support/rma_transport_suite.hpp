@@ -24,12 +24,6 @@ inline std::byte pattern(int src, int dst, std::size_t i) {
   return static_cast<std::byte>((src * 131 + dst * 31 + i * 7 + (i >> 8)) & 0xff);
 }
 
-// Reports a rank's failure on stderr and turns it into an exit code.
-inline int fail_rank(int rank, const std::string& what) {
-  std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
-  return 1;
-}
-
 // Progresses `t` until operations 1..n are complete, or gives up at dl.
 template <class T>
 bool complete_until(T& t, std::uint64_t n, const deadline& dl) {
