@@ -31,10 +31,6 @@ struct memory_placement {
   int cuda_device = 0;  // CUDA ordinal, for memory_kind::cuda_device
 };
 
-inline const char* to_string(memory_kind k) {
-  return k == memory_kind::host ? "host memory" : "CUDA device memory";
-}
-
 class symmetric_memory {
  public:
   symmetric_memory() = default;
