@@ -15,9 +15,24 @@
 //   combine   ready: every rank posts its status and that its combine region is
 //             free; rows go back in one block per (rank, source); the source
 //             reduces in fp32.
+//
+// mask_lost_ranks (peer-mapped transports that tell a peer's exit): a peer
+// whose process exited is marked lost and calls go on without it. Receive
+// offsets are prefix sums over the sources, so every survivor must count the
+// same sources in a call. A rank finishes each round's writes to every peer,
+// then stores the call's epoch in its own progress word for that round
+// (wire::region_plan::progress), then signals. A survivor that finds a peer
+// gone reads that word, which can no longer change: the peer took part in
+// the round if and only if it is there. Every survivor so reaches the same
+// members (a lost rank's notify counts are in every survivor's buffer or in
+// none that counts them) without another round. A lost peer's rows that never
+// all arrived become padding rows (topk_idx -1, weight 0, src_idx -1), and a
+// token's rows from an expert rank that was lost are left out of its
+// combine, counted in buffer_stats::masked_contributions.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -31,6 +46,7 @@
 #include "epcomm/error.hpp"
 #include "epcomm/fault_injection.hpp"
 #include "epcomm/layout.hpp"
+#include "epcomm/lost_ranks.hpp"
 #include "epcomm/normal_mode.hpp"
 #include "epcomm/normal_verdict.hpp"
 #include "epcomm/proxy/engine.hpp"
@@ -46,6 +62,9 @@ requires peer_mapped_transport<Transport> || proxy::completion_counting<Transpor
 class buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
   static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
+  // Masking needs every byte to a peer stored by this rank (no proxy holding
+  // puts) and a transport that tells an exited peer from a slow one.
+  static constexpr bool can_mask_lost_ranks = !via_proxy && tells_peer_exit<Transport>;
 
  public:
   using token = Token;
@@ -57,10 +76,12 @@ class buffer {
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
-        cap_(agree_capacity<Token>(boot, cfg, timeout_)),
+        cap_(agree_capacity<Token>(boot, cfg, timeout_, can_mask_lost_ranks)),
         plan_(wire::plan_regions(cap_, via_proxy, !via_proxy)),
         transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)),
-        proxy_(transport_) {
+        proxy_(transport_),
+        mask_lost_ranks_(cfg.mask_lost_ranks),
+        lost_(world_, false) {
     if constexpr (!via_proxy)
       require_peer_mapped(transport_, rank_, world_, "buffer",
                           "normal mode over this transport needs every rank on one node");
@@ -75,6 +96,9 @@ class buffer {
   // column grows fastest on every other rank is the straggler.
   const buffer_stats& stats() const { return stats_; }
   void reset_stats() { stats_ = buffer_stats{std::vector<std::chrono::nanoseconds>(world_)}; }
+
+  // The ranks masked so far, ascending (mask_lost_ranks; empty otherwise).
+  std::vector<int> lost_ranks() const { return lost_rank_list(lost_); }
 
   // Gives up on the group: waiters in any thread of this rank and peers
   // waiting for it throw promptly instead of at their deadlines, and this
@@ -111,29 +135,33 @@ class buffer {
     const topology topo{world_, world_, cap_.num_experts, in.hidden, in.topk};
     const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
 
+    std::vector<bool> members(world_);
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
       post_notify(in, opt, lay, cause, epoch, dl);
       for (int s = 0; s < world_; ++s)
-        await(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify counts"});
+        members[s] =
+            await_round(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify counts"});
     });
-    const auto peers = read_notify();
-    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers); },
+    const auto peers = read_notify(members);
+    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers, members); },
                       wire::signal_kind::data, epoch, dl, "dispatch");
 
     dispatch_result<Token> res;
     res.handle =
         make_dispatch_handle(rank_, in.num_tokens, in.hidden, in.topk, peers, lay.send_pos);
+    std::vector<bool> rows_came(world_);
     guarded([&] {
       inject(fault::point::mid_dispatch, "dispatch");
       send_rows(in, lay, res.handle, topo, dl);
       for (int s = 0; s < world_; ++s)
-        await(wire::signal_kind::data, s, epoch, dl, {"dispatch", s, "token rows"});
+        rows_came[s] =
+            await_round(wire::signal_kind::data, s, epoch, dl, {"dispatch", s, "token rows"});
       // The staging area holds combine_send_buffer: the caller's experts may
       // write it as soon as this returns, so no put may still read it.
       quiet_staging(dl);
     });
-    fill_result(res, in, opt, peers);
+    fill_result(res, in, opt, peers, rows_came);
     return res;
   }
 
@@ -162,25 +190,29 @@ class buffer {
     const std::string cause = validate(in, h, out_x, out_weights);
     const bool in_place = left_in_place(in, h);
 
+    std::vector<bool> members(world_);
     guarded([&] {
       // Over RMA the rows are pushed either way: sources need not know.
       post_combine_status(cause, in.topk_weights.has_value(), in_place && !via_proxy, epoch, dl);
       for (int s = 0; s < world_; ++s)
-        await(wire::signal_kind::combine_ready, s, epoch, dl, {"combine", s, "combine readiness"});
+        members[s] = await_round(wire::signal_kind::combine_ready, s, epoch, dl,
+                                 {"combine", s, "combine readiness"});
     });
     std::vector<wire::combine_header> status;
-    settle_on_failure([&] { status = check_combine_status(epoch); },
+    settle_on_failure([&] { status = check_combine_status(epoch, members); },
                       wire::signal_kind::combine_data, epoch, dl, "combine");
+    std::vector<bool> returned(world_);
     guarded([&] {
       inject(fault::point::mid_combine, "combine");
       if constexpr (via_proxy)
         put_combine_rows(in, h, in_place, dl);
       else
-        return_rows(in, h, in_place);
+        return_rows(in, h, in_place, epoch);
       for (int r = 0; r < world_; ++r)
-        await(wire::signal_kind::combine_data, r, epoch, dl, {"combine", r, "combined rows"});
+        returned[r] = await_round(wire::signal_kind::combine_data, r, epoch, dl,
+                                  {"combine", r, "combined rows"});
     });
-    reduce(in, h, status, out_x, out_weights);
+    reduce(in, h, status, returned, out_x, out_weights);
     if constexpr (via_proxy)
       guarded([&] { quiet_staging(dl); });  // the caller may write the next y there now
     else
@@ -273,6 +305,46 @@ class buffer {
     stats_.wait_per_peer[peer] += steady::now() - start;
   }
 
+  // Waits for `peer`'s round `kind` of call `epoch`. True once it came;
+  // with mask_lost_ranks, a peer whose process is gone (found now or
+  // before) is marked lost instead, and the answer is whether it finished
+  // the round before it went: its progress word, final by then, so every
+  // survivor answers alike. Any other failure throws.
+  bool await_round(wire::signal_kind kind, int peer, std::uint64_t epoch, const deadline& dl,
+                   const wait_site& site) {
+    if (!lost_[peer]) {
+      const auto start = steady::now();
+      const bool came =
+          wait_or_mark_lost(transport_, mask_lost_ranks_, lost_, slot(kind, peer), epoch, dl, site);
+      stats_.wait_per_peer[peer] += steady::now() - start;
+      if (came) return true;
+    }
+    if constexpr (can_mask_lost_ranks)
+      return std::atomic_ref(progress_word(peer, kind)).load(std::memory_order_acquire) >= epoch;
+    else
+      return false;  // unreachable: nothing is marked lost without masking
+  }
+
+  // Peer-mapped path, after this rank's writes of round `kind` of call
+  // `epoch` to every peer and before its signals: the word lost-peer
+  // settlement reads (see await_round).
+  void publish_progress(wire::signal_kind kind, std::uint64_t epoch) {
+    if constexpr (!via_proxy)
+      std::atomic_ref(progress_word(rank_, kind)).store(epoch, std::memory_order_release);
+  }
+
+  std::uint64_t& progress_word(int r, wire::signal_kind kind) {
+    return peer_array<std::uint64_t>(r, plan_.progress)[static_cast<int>(kind)];
+  }
+
+  // Peer-mapped path: publishes round `kind` of call `epoch`, then adds 1 to
+  // its counter at every peer not lost.
+  void end_round(wire::signal_kind kind, std::uint64_t epoch) {
+    publish_progress(kind, epoch);
+    for (int p = 0; p < world_; ++p)
+      if (!lost_[p]) transport_.signal_add(p, slot(kind, rank_), 1);
+  }
+
   void inject(fault::point at, const char* op) {
     fault::inject(at, rank_, op, [this] { abort_transport(); });
   }
@@ -288,9 +360,12 @@ class buffer {
       check();
     } catch (const error&) {
       guarded([&] {
-        for (int p = 0; p < world_; ++p) signal_add(p, slot(final_round, rank_), dl);
+        if constexpr (via_proxy)
+          for (int p = 0; p < world_; ++p) signal_add(p, slot(final_round, rank_), dl);
+        else
+          end_round(final_round, epoch);
         for (int p = 0; p < world_; ++p)
-          await(final_round, p, epoch, dl, {op, p, "agreement to reject the call"});
+          await_round(final_round, p, epoch, dl, {op, p, "agreement to reject the call"});
       });
       throw;
     }
@@ -350,6 +425,7 @@ class buffer {
     std::vector<std::int32_t> zeros(world_ + per_rank, 0);
     const std::size_t notify_bytes = sizeof hdr + sizeof(std::int32_t) * (world_ + per_rank);
     for (int p = 0; p < world_; ++p) {
+      if (lost_[p]) continue;
       const std::size_t there = plan_.notify + rank_ * plan_.notify_slot_bytes;
       const std::size_t staged = plan_.send_notify + p * plan_.notify_slot_bytes;
       std::byte* at = outgoing(p, there, staged);
@@ -364,16 +440,22 @@ class buffer {
       if constexpr (via_proxy)
         enqueue(proxy::op_code::put_signal, p, staged, there, notify_bytes,
                 slot(wire::signal_kind::notify, rank_), dl);
-      else
-        transport_.signal_add(p, slot(wire::signal_kind::notify, rank_), 1);
     }
+    if constexpr (!via_proxy) end_round(wire::signal_kind::notify, epoch);
   }
 
-  std::vector<peer_notify> read_notify() {
+  // Every member's notify record; a rank outside `members` sent nothing and
+  // counts as sending nothing (its slot may hold an older call's record).
+  std::vector<peer_notify> read_notify(const std::vector<bool>& members) {
     const int per_rank = cap_.num_experts / world_;
     std::vector<peer_notify> peers(world_);
     const std::byte* base = transport_.local_buffer().data() + plan_.notify;
     for (int s = 0; s < world_; ++s) {
+      if (!members[s]) {
+        peers[s].tokens_per_rank.assign(world_, 0);
+        peers[s].tokens_per_local_expert.assign(per_rank, 0);
+        continue;
+      }
       const std::byte* at = base + s * plan_.notify_slot_bytes;
       std::memcpy(&peers[s].header, at, sizeof(wire::notify_header));
       const auto* counts = reinterpret_cast<const std::int32_t*>(at + sizeof(wire::notify_header));
@@ -429,7 +511,7 @@ class buffer {
     for (int t = 0; t < in.num_tokens; ++t) {
       for (int r = 0; r < world_; ++r) {
         const int pos = lay.position(t, r);
-        if (pos < 0) continue;
+        if (pos < 0 || lost_[r]) continue;
         const std::size_t row = static_cast<std::size_t>(to[r].base + pos);
         if (stage_x)
           std::memcpy(to[r].x + row * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
@@ -447,8 +529,7 @@ class buffer {
     if constexpr (via_proxy)
       put_rows(lay, h, hidden, k, nscales, stage_x, to, dl);
     else
-      for (int r = 0; r < world_; ++r)
-        transport_.signal_add(r, slot(wire::signal_kind::data, rank_), 1);
+      end_round(wire::signal_kind::data, dispatch_epoch_);
   }
 
   // RMA path of send_rows: one put per array and destination, the last one
@@ -492,8 +573,11 @@ class buffer {
     }
   }
 
+  // `rows_came[s]`: source s's rows all arrived; where a lost member's did
+  // not, its rows are left as padding (mask_lost_ranks).
   void fill_result(dispatch_result<Token>& res, const dispatch_input<Token>& in,
-                   const dispatch_options& opt, const std::vector<peer_notify>& peers) {
+                   const dispatch_options& opt, const std::vector<peer_notify>& peers,
+                   const std::vector<bool>& rows_came) {
     const int n = res.handle.num_recv_tokens;
     const int rows = opt.worst_case_recv_tokens > 0 ? opt.worst_case_recv_tokens : n;
     const std::size_t hidden = in.hidden;
@@ -508,6 +592,14 @@ class buffer {
     std::fill(idx + n * k, idx + rows * k, -1);
     std::fill(weights + n * k, weights + rows * k, 0.0f);
     std::fill(src + n, src + rows, -1);
+    for (int s = 0; s < world_; ++s) {
+      if (rows_came[s]) continue;
+      const std::size_t first = res.handle.recv_offset(s, rank_);
+      const std::size_t end = first + res.handle.sent(s, rank_);
+      std::fill(idx + first * k, idx + end * k, -1);
+      std::fill(weights + first * k, weights + end * k, 0.0f);
+      std::fill(src + first, src + end, -1);
+    }
     res.num_recv_tokens = n;
     res.recv_x = {reinterpret_cast<const Token*>(base + plan_.recv_x), rows * hidden};
     if (nscales != 0)
@@ -517,9 +609,10 @@ class buffer {
     res.recv_topk_weights = {weights, rows * k};
     res.recv_src_idx = {src, static_cast<std::size_t>(rows)};
     res.num_recv_tokens_per_expert.assign(cap_.num_experts / world_, 0);
-    for (const auto& p : peers)
-      for (std::size_t e = 0; e < p.tokens_per_local_expert.size(); ++e)
-        res.num_recv_tokens_per_expert[e] += p.tokens_per_local_expert[e];
+    for (int s = 0; s < world_; ++s)
+      if (rows_came[s])
+        for (std::size_t e = 0; e < peers[s].tokens_per_local_expert.size(); ++e)
+          res.num_recv_tokens_per_expert[e] += peers[s].tokens_per_local_expert[e];
   }
 
   std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,
@@ -564,24 +657,26 @@ class buffer {
     if constexpr (via_proxy)
       std::memcpy(transport_.local_buffer().data() + plan_.send_combine_status, &hdr, sizeof hdr);
     for (int p = 0; p < world_; ++p) {
-      if constexpr (via_proxy) {
+      if constexpr (via_proxy)
         enqueue(proxy::op_code::put_signal, p, plan_.send_combine_status, there, sizeof hdr,
                 slot(wire::signal_kind::combine_ready, rank_), dl);
-      } else {
+      else if (!lost_[p])
         std::memcpy(transport_.peer_ptr(p, there), &hdr, sizeof hdr);
-        transport_.signal_add(p, slot(wire::signal_kind::combine_ready, rank_), 1);
-      }
     }
+    if constexpr (!via_proxy) end_round(wire::signal_kind::combine_ready, epoch);
   }
 
-  // Every rank's combine status, once all agree that the call goes ahead.
-  std::vector<wire::combine_header> check_combine_status(std::uint64_t epoch) {
+  // Every member's combine status, once all agree that the call goes ahead;
+  // a rank outside `members` counts as an ok one that left nothing in place.
+  std::vector<wire::combine_header> check_combine_status(std::uint64_t epoch,
+                                                         const std::vector<bool>& members) {
     const std::byte* base = transport_.local_buffer().data() + plan_.combine_status;
     std::vector<wire::combine_header> all(world_);
     for (int s = 0; s < world_; ++s)
-      std::memcpy(&all[s], base + s * plan_.combine_status_slot_bytes,
-                  sizeof(wire::combine_header));
-    judge_combine_status(rank_, epoch, all);
+      if (members[s])
+        std::memcpy(&all[s], base + s * plan_.combine_status_slot_bytes,
+                    sizeof(wire::combine_header));
+    judge_combine_status(rank_, epoch, all, members);
     return all;
   }
 
@@ -612,25 +707,27 @@ class buffer {
                              const deadline& dl) {
     guarded([&] {
       for (int r = 0; r < world_; ++r)
-        if (status[r].in_place)
+        if (status[r].in_place && !lost_[r])
           transport_.signal_add(r, slot(wire::signal_kind::combine_read, rank_), 1);
       if (!in_place) return;
       ++in_place_combines_;
+      // A lost source reads nothing any more.
       for (int s = 0; s < world_; ++s)
-        await(wire::signal_kind::combine_read, s, in_place_combines_, dl,
-              {"combine", s, "the end of its reads of the rows left in place"});
+        await_round(wire::signal_kind::combine_read, s, in_place_combines_, dl,
+                    {"combine", s, "the end of its reads of the rows left in place"});
     });
   }
 
   // Sends y's rows back to their sources, unless this rank left them in
   // place; the weights always go.
-  void return_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place) {
+  void return_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place,
+                   std::uint64_t epoch) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
     const bool weights = in.topk_weights.has_value();
     for (int s = 0; s < world_; ++s) {
       const std::size_t n = h.sent(s, rank_);
-      if (n != 0) {
+      if (n != 0 && !lost_[s]) {
         const std::size_t from = h.recv_offset(s, rank_);
         const std::size_t to = h.return_offset(s, rank_);
         if (!in_place)
@@ -640,8 +737,8 @@ class buffer {
           std::memcpy(peer_array<float>(s, plan_.combine_weights) + to * k,
                       in.topk_weights->data() + from * k, n * k * sizeof(float));
       }
-      transport_.signal_add(s, slot(wire::signal_kind::combine_data, rank_), 1);
     }
+    end_round(wire::signal_kind::combine_data, epoch);
   }
 
   // RMA path of return_rows: y's rows, in receive order, are staged once
@@ -689,10 +786,12 @@ class buffer {
 
   // Token t's row from rank r: in this rank's combine region, where r
   // returned it, or where r left it in place; over RMA this rank's own rows
-  // are read in its staging area, where put_combine_rows left them.
+  // are read in its staging area, where put_combine_rows left them. Rows of
+  // a rank that did not return them (`returned`: lost) are left out and
+  // counted.
   void reduce(const combine_input<combine_t>& in, const dispatch_handle& h,
-              const std::vector<wire::combine_header>& status, std::span<combine_t> out_x,
-              std::span<float> out_weights) {
+              const std::vector<wire::combine_header>& status, const std::vector<bool>& returned,
+              std::span<combine_t> out_x, std::span<float> out_weights) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
     const std::byte* base = transport_.local_buffer().data();
@@ -721,6 +820,10 @@ class buffer {
       for (int r = 0; r < world_; ++r) {
         const int pos = h.send_pos[static_cast<std::size_t>(t) * world_ + r];
         if (pos < 0) continue;
+        if (!returned[r]) {
+          ++stats_.masked_contributions;
+          continue;
+        }
         const std::size_t row = static_cast<std::size_t>(first[r] + pos);
         srcs.push_back(rows[r] + static_cast<std::size_t>(pos) * hidden);
         if (!out_weights.empty())
@@ -739,6 +842,8 @@ class buffer {
   wire::region_plan plan_;
   Transport transport_;
   proxy_type proxy_;  // after transport_: it stops before the transport closes
+  bool mask_lost_ranks_;
+  std::vector<bool> lost_;  // peers found gone (mask_lost_ranks); never cleared
   std::uint64_t dispatch_epoch_ = 0;
   std::uint64_t combine_epoch_ = 0;
   std::uint64_t in_place_combines_ = 0;  // combines whose rows this rank left in place

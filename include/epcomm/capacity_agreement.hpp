@@ -17,13 +17,17 @@
 
 namespace epcomm {
 
+// `can_mask_lost_ranks` says whether the caller's engine and transport
+// implement cfg.mask_lost_ranks; where they do not, asking for it fails every
+// rank rather than being ignored.
 template <token_type Token, bootstrap B>
-wire::capacity agree_capacity(B& boot, const buffer_config& cfg,
-                              std::chrono::milliseconds timeout) {
+wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::milliseconds timeout,
+                              bool can_mask_lost_ranks = false) {
   struct config_record {
     std::int32_t valid;
     std::int32_t num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens;
     std::int32_t token_id;
+    std::int32_t mask_lost_ranks;
   };
   const int world = boot.world_size();
   config_checks checks;
@@ -38,6 +42,9 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg,
                              ? cfg.max_recv_tokens
                              : static_cast<long long>(world) * cfg.max_tokens_per_rank;
   checks.need(recv <= std::numeric_limits<std::int32_t>::max(), "max_recv_tokens overflows int32");
+  checks.need(!cfg.mask_lost_ranks || can_mask_lost_ranks,
+              "mask_lost_ranks needs the flat host engine over a peer-mapped transport that can "
+              "tell a peer's exit (shm)");
 
   const config_record mine{checks.cause().empty() ? 1 : 0,
                            cfg.num_experts,
@@ -45,10 +52,11 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg,
                            cfg.max_topk,
                            cfg.max_tokens_per_rank,
                            static_cast<std::int32_t>(recv),
-                           token_traits<Token>::id};
+                           token_traits<Token>::id,
+                           cfg.mask_lost_ranks ? 1 : 0};
   agree_config(boot, mine, checks.cause(), timeout, "buffer",
-               "num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens and "
-               "token type");
+               "num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens, "
+               "mask_lost_ranks and token type");
   const int max_rows = cfg.max_tokens_per_rank * std::min(cfg.max_topk, world);
   return wire::capacity{world,
                         cfg.num_experts,

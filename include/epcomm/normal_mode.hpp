@@ -24,6 +24,11 @@ struct buffer_config {
   // max_tokens_per_rank, which no routing can exceed.
   int max_recv_tokens = 0;
   std::chrono::milliseconds timeout = default_timeout;  // EPCOMM_TIMEOUT_MS overrides
+  // Keep going without a rank whose process exited (DeepEP's shrink mode):
+  // calls go on without it, its rows and its experts' outputs are skipped and
+  // counted instead of failing the group. Host engine over a peer-mapped
+  // transport that can tell a peer's exit (shm) only; see docs/reliability.md.
+  bool mask_lost_ranks = false;
 };
 
 template <token_type Token>
@@ -98,6 +103,9 @@ struct combine_input {
 // Cumulative per-rank counters that point at stragglers.
 struct buffer_stats {
   std::vector<std::chrono::nanoseconds> wait_per_peer;  // [R] time blocked on each rank's signals
+  // mask_lost_ranks: (token, expert rank) rows that combine skipped because
+  // that rank was lost, each counted once, by the token's combine.
+  std::uint64_t masked_contributions = 0;
 };
 
 template <class Out>

@@ -15,13 +15,23 @@
 
 namespace epcomm {
 
+// Whether rank s takes part in a call: every rank unless `members` (one flag
+// per rank, identical on every rank) leaves some out (mask_lost_ranks).
+inline bool takes_part(const std::vector<bool>& members, int s) {
+  return members.empty() || members[s];
+}
+
 // A notify record is anything with a wire::notify_header `header` and
-// `tokens_per_rank` (R counts).
+// `tokens_per_rank` (R counts). Records of ranks outside `members` are not
+// read; their counts must be zero.
 template <class Record>
 void judge_notify(int rank, std::uint64_t epoch, int max_recv_tokens,
-                  const std::vector<Record>& all) {
+                  const std::vector<Record>& all, const std::vector<bool>& members = {}) {
   const int world = static_cast<int>(all.size());
+  int first = -1;
   for (int s = 0; s < world; ++s) {
+    if (!takes_part(members, s)) continue;
+    if (first < 0) first = s;
     const auto& h = all[s].header;
     if (h.magic != wire::magic || h.epoch != epoch)
       throw error(rank, "dispatch", s,
@@ -32,14 +42,16 @@ void judge_notify(int rank, std::uint64_t epoch, int max_recv_tokens,
           rank, "dispatch", s == rank ? no_peer : s,
           std::string(s == rank ? "invalid input: " : "invalid input on that rank: ") + h.cause);
   }
-  const auto& ref = all[0].header;
-  for (int s = 1; s < world; ++s) {
+  const auto& ref = all[first].header;
+  for (int s = first + 1; s < world; ++s) {
+    if (!takes_part(members, s)) continue;
     const auto& h = all[s].header;
-    auto differs = [&](const char* what, int there, int on0) {
-      if (there != on0)
+    auto differs = [&](const char* what, int there, int on_first) {
+      if (there != on_first)
         throw error(rank, "dispatch", s,
                     std::string(what) + " " + std::to_string(there) +
-                        " on that rank disagrees with " + std::to_string(on0) + " on rank 0");
+                        " on that rank disagrees with " + std::to_string(on_first) + " on rank " +
+                        std::to_string(first));
     };
     differs("hidden", h.hidden, ref.hidden);
     differs("topk", h.topk, ref.topk);
@@ -47,6 +59,7 @@ void judge_notify(int rank, std::uint64_t epoch, int max_recv_tokens,
     differs("num_experts", h.num_experts, ref.num_experts);
   }
   for (int r = 0; r < world; ++r) {
+    if (!takes_part(members, r)) continue;  // nothing is sent to it
     long long total = 0;
     for (int s = 0; s < world; ++s) total += all[s].tokens_per_rank[r];
     const int bound = all[r].header.recv_bound;
@@ -63,9 +76,13 @@ void judge_notify(int rank, std::uint64_t epoch, int max_recv_tokens,
 }
 
 inline void judge_combine_status(int rank, std::uint64_t epoch,
-                                 const std::vector<wire::combine_header>& all) {
+                                 const std::vector<wire::combine_header>& all,
+                                 const std::vector<bool>& members = {}) {
   const int world = static_cast<int>(all.size());
+  int first = -1;
   for (int s = 0; s < world; ++s) {
+    if (!takes_part(members, s)) continue;
+    if (first < 0) first = s;
     if (all[s].epoch != epoch)
       throw error(rank, "combine", s,
                   "protocol mismatch: combine epoch " + std::to_string(all[s].epoch) +
@@ -75,8 +92,8 @@ inline void judge_combine_status(int rank, std::uint64_t epoch,
                   std::string(s == rank ? "invalid input: " : "invalid input on that rank: ") +
                       all[s].cause);
   }
-  for (int s = 1; s < world; ++s)
-    if (all[s].with_weights != all[0].with_weights)
+  for (int s = first + 1; s < world; ++s)
+    if (takes_part(members, s) && all[s].with_weights != all[first].with_weights)
       throw error(rank, "combine", s,
                   "topk_weights given on some ranks only (every rank passes them or none)");
 }

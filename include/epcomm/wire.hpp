@@ -92,6 +92,12 @@ struct region_plan {
   std::size_t notify_slot_bytes;
   std::size_t combine_status;  // R slots of sizeof(combine_header), aligned
   std::size_t combine_status_slot_bytes;
+  // [signal_kind::count] uint64, written by this rank in its own buffer:
+  // the last call whose round of that kind it has finished writing to every
+  // peer, stored before the round's signals. Peer-mapped transports read a
+  // lost peer's words here to settle, identically on every rank, which
+  // rounds it completed (mask_lost_ranks; see buffer.hpp).
+  std::size_t progress;
   std::size_t recv_x;           // [max_recv_tokens][max_hidden] tokens
   std::size_t recv_scales;      // [max_recv_tokens][max_hidden/128] float
   std::size_t recv_topk_idx;    // [max_recv_tokens][max_topk] int64
@@ -142,6 +148,7 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
   p.notify = take(p.notify_slot_bytes * c.world_size);
   p.combine_status_slot_bytes = align_up(sizeof(combine_header), 64);
   p.combine_status = take(p.combine_status_slot_bytes * c.world_size);
+  p.progress = take(sizeof(std::uint64_t) * static_cast<std::size_t>(signal_kind::count));
   p.recv_x = take(n * h * c.token_bytes);
   p.recv_scales = take(c.has_scales ? n * (h / 128) * sizeof(float) : 0);
   p.recv_topk_idx = take(n * k * sizeof(std::int64_t));

@@ -109,6 +109,32 @@ TEST_CASE_TEMPLATE_DEFINE(
   }
 }
 
+TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks: built over shm, refused on every rank elsewhere", T,
+                          dc_mask_option) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  // Over an RMA transport a proxy may hold puts to a lost peer and a peer's
+  // exit is not always visible: asking for masking fails construction on
+  // every rank rather than being ignored.
+  const auto codes = launch_local(2, [](local_bootstrap& boot) {
+    buffer_config cfg;
+    cfg.num_experts = 4;
+    cfg.max_hidden = 128;
+    cfg.max_topk = 2;
+    cfg.max_tokens_per_rank = 8;
+    cfg.mask_lost_ranks = true;
+    try {
+      buffer<T, bf16> buf(boot, cfg);
+      return peer_mapped_transport<T> ? 0 : test::fail_rank(boot.rank(), "masking accepted");
+    } catch (const error& e) {
+      const bool refused =
+          std::string(e.what()).find("invalid config: mask_lost_ranks needs") != std::string::npos;
+      return refused && !peer_mapped_transport<T> ? 0 : test::fail_rank(boot.rank(), e.what());
+    }
+  });
+  CHECK(test::all_ok(codes, "mask_lost_ranks option"));
+}
+
 #define EPCOMM_DISPATCH_COMBINE_SUITE(T)        \
   TEST_CASE_TEMPLATE_INVOKE(dc_random, T);      \
   TEST_CASE_TEMPLATE_INVOKE(dc_adversarial, T); \
@@ -116,4 +142,5 @@ TEST_CASE_TEMPLATE_DEFINE(
   TEST_CASE_TEMPLATE_INVOKE(dc_reference, T);   \
   TEST_CASE_TEMPLATE_INVOKE(dc_repeat, T);      \
   TEST_CASE_TEMPLATE_INVOKE(dc_bound, T);       \
-  TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T)
+  TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(dc_mask_option, T)

@@ -25,9 +25,11 @@ Out expert_output(const Token* x, const float* scales, int c, int rank) {
   return from_float<Out>(v * static_cast<float>(1 + rank) + 0.25f * static_cast<float>(rank));
 }
 
+// `padded_source`: a lost rank whose rows never all arrived (mask_lost_ranks);
+// its rows must read as padding (src_idx and topk_idx -1, weight 0).
 template <token_type Token>
 std::string check_dispatch(const shape& s, int rank, const std::vector<rank_input<Token>>& all,
-                           const dispatch_result<Token>& res) {
+                           const dispatch_result<Token>& res, int padded_source = -1) {
   std::ostringstream err;
   const int per_rank = s.experts / s.world;
   const std::size_t h = s.hidden, k = s.topk,
@@ -36,13 +38,14 @@ std::string check_dispatch(const shape& s, int rank, const std::vector<rank_inpu
   int row = 0;
   for (int src = 0; src < s.world; ++src) {
     const auto& in = all[src];
+    const bool padded = src == padded_source;
     for (int t = 0; t < s.tokens; ++t) {
       bool mine = false;
       for (std::size_t j = 0; j < k; ++j) {
         const auto e = in.topk_idx[t * k + j];
         if (e >= rank * per_rank && e < (rank + 1) * per_rank) {
           mine = true;
-          ++per_expert[e - rank * per_rank];
+          if (!padded) ++per_expert[e - rank * per_rank];
         }
       }
       if (!mine) continue;
@@ -54,6 +57,14 @@ std::string check_dispatch(const shape& s, int rank, const std::vector<rank_inpu
         if (err.tellp() == 0)
           err << "row " << row << " (src rank " << src << ", token " << t << "): " << what;
       };
+      if (padded) {
+        if (res.recv_src_idx[row] != -1) fail("src_idx of a padding row is not -1");
+        for (std::size_t j = 0; j < k; ++j)
+          if (res.recv_topk_idx[row * k + j] != -1 || res.recv_topk_weights[row * k + j] != 0.0f)
+            fail("topk_idx / weight of a padding row is not -1 / 0");
+        ++row;
+        continue;
+      }
       if (std::memcmp(res.recv_x.data() + row * h, in.x.data() + t * h, h * sizeof(Token)) != 0)
         fail("x differs");
       if (ns &&
