@@ -96,15 +96,18 @@ template <fp8_source T>
 EPCOMM_HD inline void quantize_fp8_block(const T* in, int n, fp8_e4m3* out, float* scale,
                                          bool pow2) {
   assert(n >= 0 && n <= fp8_block);
-  // |x| by clearing the sign bit; a NaN never compares greater, so it is
-  // ignored as fmaxf would. max is order-independent, so a kernel's warp
-  // reduction gets the same amax.
-  float amax = 0.0f;
+  // |x| by clearing the sign bit; non-negative floats order as their bits
+  // do, so the max is taken on signed integers (which SSE2 vectorizes), a
+  // NaN's bits counting as 0: ignored as fmaxf would. max is order-independent, so a
+  // kernel's warp reduction gets the same amax.
+  std::int32_t amax_bits = 0;
   for (int i = 0; i < n; ++i) {
-    const float a =
-        detail::bit_cast<float>(detail::bit_cast<std::uint32_t>(to_float(in[i])) & 0x7FFF'FFFFu);
-    if (a > amax) amax = a;
+    const auto a = static_cast<std::int32_t>(
+        detail::bit_cast<std::uint32_t>(to_float(in[i])) & 0x7FFF'FFFFu);
+    const std::int32_t kept = a > 0x7F80'0000 ? 0 : a;
+    amax_bits = kept > amax_bits ? kept : amax_bits;
   }
+  const float amax = detail::bit_cast<float>(amax_bits);
   const float inv = fp8_block_inv_scale(amax, pow2);
   for (int i = 0; i < n; ++i) out[i] = quantize_fp8(to_float(in[i]), inv);
   *scale = fp8_block_scale(amax, pow2);

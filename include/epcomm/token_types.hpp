@@ -75,35 +75,35 @@ EPCOMM_HD constexpr float to_float(bf16 x) noexcept {
 //  - NaN of either sign becomes 0x7F (CUDA canonicalises the NaN first);
 //  - |x| <= 2^-10 keeps its sign: -0.0f and tiny negatives give 0x80.
 EPCOMM_HD constexpr fp8_e4m3 to_fp8_e4m3(float x) noexcept {
+  // Every case is computed and one selected, with integer operations and
+  // constant shifts only, so that a loop converting a block vectorizes even
+  // with SSE2 (the host's fp8 cast is on the dispatch path).
   const auto u = detail::bit_cast<std::uint32_t>(x);
   const std::uint32_t mag = u & 0x7FFF'FFFFu;
-  if (mag > 0x7F80'0000u) return fp8_e4m3{0x7F};
   const std::uint32_t sign = (u >> 24) & 0x80u;
-  std::uint32_t r;
-  if (mag > 0x43E8'0000u) {  // 464.0f
-    r = 0x7E;
-  } else if (mag >= 0x3C80'0000u) {  // 2^-6, the smallest normal e4m3
-    // Keep exponent and 3 mantissa bits (bits 20..30), rounding the 20 dropped
-    // bits to nearest even; a carry correctly bumps the exponent. Then rebias
-    // the exponent from 127 to 7. The 464 bound keeps the result <= 0x7E.
-    const std::uint32_t lsb = (mag >> 20) & 1u;
-    r = ((mag + 0x7FFFFu + lsb) >> 20) - ((127u - 7u) << 3);
-  } else {
-    // Subnormal e4m3: the result is |x| / 2^-9 rounded to nearest even, at most
-    // 8 (= 0x08, the smallest normal, reached by rounding up). With the
-    // implicit bit, |x| = m * 2^(e - 150), so |x| / 2^-9 = m >> (141 - e).
-    // Below 2^-10 (e < 117) everything rounds to zero.
-    const std::uint32_t e = mag >> 23;
-    if (e < 117) {
-      r = 0;
-    } else {
-      const std::uint32_t m = (mag & 0x7F'FFFFu) | 0x80'0000u;
-      const std::uint32_t shift = 141u - e;  // 21..24
-      const std::uint32_t lsb = (m >> shift) & 1u;
-      r = (m + (1u << (shift - 1)) - 1u + lsb) >> shift;
-    }
-  }
-  return fp8_e4m3{static_cast<std::uint8_t>(sign | r)};
+  // Normal e4m3 (|x| >= 2^-6): keep exponent and 3 mantissa bits (bits
+  // 20..30), rounding the 20 dropped bits to nearest even; a carry correctly
+  // bumps the exponent. Then rebias the exponent from 127 to 7. The 464 bound
+  // below keeps the result <= 0x7E.
+  const std::uint32_t normal = ((mag + 0x7FFFFu + ((mag >> 20) & 1u)) >> 20) - ((127u - 7u) << 3);
+  // Subnormal e4m3: |x| / 2^-9 rounded to nearest even, at most 8 (= 0x08,
+  // the smallest normal, reached by rounding up). With the implicit bit,
+  // |x| = m * 2^(e - 150), so |x| / 2^-9 = m >> (141 - e): one of four
+  // shifts for e in 117..120; below 2^-10 (e < 117) it rounds to zero.
+  const std::uint32_t e = mag >> 23;
+  const std::uint32_t m = (mag & 0x7F'FFFFu) | 0x80'0000u;
+  // Masks rather than a chain of conditions, which compilers turn into a
+  // switch.
+  auto shifted_if = [m, e](std::uint32_t exp, std::uint32_t s) {
+    const std::uint32_t mask = 0u - static_cast<std::uint32_t>(e == exp);
+    return ((m + (1u << (s - 1)) - 1u + ((m >> s) & 1u)) >> s) & mask;
+  };
+  const std::uint32_t subnormal =
+      shifted_if(120, 21) | shifted_if(119, 22) | shifted_if(118, 23) | shifted_if(117, 24);
+  const std::uint32_t r = mag > 0x43E8'0000u    ? 0x7Eu  // above 464.0f: saturate
+                          : mag >= 0x3C80'0000u ? normal
+                                                : subnormal;
+  return fp8_e4m3{static_cast<std::uint8_t>(mag > 0x7F80'0000u ? 0x7Fu : sign | r)};
 }
 
 // e4m3 -> float, exact, as __nv_cvt_fp8_to_halfraw followed by half -> float.
