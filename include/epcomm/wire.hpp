@@ -148,7 +148,6 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
   p.notify = take(p.notify_slot_bytes * c.world_size);
   p.combine_status_slot_bytes = align_up(sizeof(combine_header), 64);
   p.combine_status = take(p.combine_status_slot_bytes * c.world_size);
-  p.progress = take(sizeof(std::uint64_t) * static_cast<std::size_t>(signal_kind::count));
   p.recv_x = take(n * h * c.token_bytes);
   p.recv_scales = take(c.has_scales ? n * (h / 128) * sizeof(float) : 0);
   p.recv_topk_idx = take(n * k * sizeof(std::int64_t));
@@ -173,6 +172,8 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
     if (at < dispatch_end) at = dispatch_end;
     p.send_tokens = take(static_cast<std::size_t>(c.max_tokens_per_rank) * h * c.token_bytes);
   }
+  // Last, so that no other array moves for it.
+  p.progress = take(sizeof(std::uint64_t) * static_cast<std::size_t>(signal_kind::count));
   p.total = at;
   return p;
 }
