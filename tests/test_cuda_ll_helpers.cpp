@@ -151,8 +151,30 @@ TEST_CASE("low-latency reports read as the host engine's errors") {
   CHECK(message(r).find("protocol mismatch: reject record of epoch 2, expected 5") !=
         std::string::npos);
 
+  // The abort relay, worded as the host transports word a peer's abort.
+  r = {};
+  r.code = ll_failure::peer_aborted;
+  r.what = ll_waited_for::dispatch_records;
+  r.src_rank = 2;
+  r.peer = 2;  // rank 2 gave up on its own account
+  CHECK(message(r, 0) ==
+        "epcomm: rank 0: low-latency dispatch (peer 2): peer aborted while this rank waited for "
+        "dispatch records");
+  r.peer = 3;  // rank 2 gave up because of rank 3: the error names the root cause
+  CHECK(message(r, 0) ==
+        "epcomm: rank 0: low-latency dispatch (peer 3): rank 3 failed (reported by rank 2, which "
+        "aborted) while this rank waited for dispatch records");
+  r.peer = 0;
+  CHECK(message(r, 0).find("peer aborted, blaming this rank, while") != std::string::npos);
+
+  // The abort words follow the wire format's signals, one per rank.
+  const wire::ll::shape s4{4, 8, 128, 2, 16, 2, false};
+  CHECK(ll_abort_first_slot(s4) == wire::ll::signal_slots(s4));
+  CHECK(ll_device_signal_slots(s4) == wire::ll::signal_slots(s4) + 4);
+
   for (auto f : {ll_failure::deadline, ll_failure::count_epoch, ll_failure::reject_epoch,
-                 ll_failure::count_range, ll_failure::record_source, ll_failure::rows_mismatch})
+                 ll_failure::count_range, ll_failure::record_source, ll_failure::rows_mismatch,
+                 ll_failure::peer_aborted})
     CHECK(ll_breaks_buffer(f));
   CHECK_FALSE(ll_breaks_buffer(ll_failure::invalid_input));
   CHECK_FALSE(ll_breaks_buffer(ll_failure::peer_rejected));

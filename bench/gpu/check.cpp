@@ -207,7 +207,8 @@ int main(int argc, char** argv) {
     check(run("low-latency correctness fp8_e4m3", world,
               [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3>(b, opt.quick); }));
     if (world >= 2)
-      check(run("low-latency absent peer fails everyone", world, check_ll_absent_peer));
+      check(run("low-latency absent peer: deadline, then the abort relay", world,
+                check_ll_absent_peer));
   }
 
   for (int world : opt.ranks) {

@@ -123,7 +123,7 @@ class low_latency_device_buffer {
         round_scale_(cfg.round_scale),
         shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, device_limits(cfg, world_))),
         plan_(wire::ll::plan_buffer(shape_)),
-        transport_(boot, plan_.total, wire::ll::signal_slots(shape_), deadline::after(timeout_)) {
+        transport_(boot, plan_.total, ll_device_signal_slots(shape_), deadline::after(timeout_)) {
     require_peer_mapped(transport_, rank_, world_, "low_latency_buffer",
                         "the device path needs every rank in one NVLink domain");
     try {

@@ -67,6 +67,11 @@ struct ll_args {
 
 static_assert(std::is_trivially_copyable_v<ll_args> && sizeof(ll_args) <= 4096);
 
+// Where this call's kernels relay an abort (low_latency_report.hpp).
+EPCOMM_HD inline ll_abort_link abort_link(const ll_args& a) {
+  return {a.peers.signals, ll_abort_first_slot(a.shape), a.peers.rank, a.shape.world_size};
+}
+
 // Launch geometry. Every kernel uses ll_threads threads per block.
 inline constexpr int ll_threads = 256;
 inline constexpr int ll_warps = ll_threads / 32;

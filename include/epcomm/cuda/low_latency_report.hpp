@@ -7,6 +7,7 @@
 // copied to pinned host memory as bytes, and compiles without CUDA.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -14,6 +15,8 @@
 
 #include "epcomm/config.hpp"
 #include "epcomm/error.hpp"
+#include "epcomm/low_latency_wire.hpp"
+#include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/wire.hpp"
 
 namespace epcomm::cuda {
@@ -29,6 +32,9 @@ enum class ll_failure : std::int32_t {
   count_range,    // peer announced `seen` records, at most `expected` fit
   record_source,  // record `index` of peer's region names (src_rank, src_token, src_slot)
   rows_mismatch,  // peer returned `seen` rows, `expected` were dispatched there
+  // Rank src_rank gave up on a breaking failure it blamed on `peer` (itself
+  // when the two are equal) and told this rank: the abort relay.
+  peer_aborted,
 };
 
 // What an expired wait was waiting for; the texts are the host engine's.
@@ -67,6 +73,27 @@ struct ll_report {
 };
 
 static_assert(std::is_trivially_copyable_v<ll_report> && std::is_standard_layout_v<ll_report>);
+
+// The abort relay: a rank whose call breaks (a deadline, a protocol
+// violation, a relayed abort) tells every peer at once, so that their waits
+// end now, naming the root cause, instead of at their own deadlines, as the
+// host transports' abort() does. Each rank's signal array ends with one word
+// per rank: word s is set, once, by rank s to 1 + the rank it blamed.
+struct ll_abort_link {
+  std::uint64_t* const* signals;  // every rank's signal array, as mapped here
+  std::size_t first;              // slot of word 0
+  int rank;
+  int world;
+};
+
+// Signal slots a low-latency device buffer asks its transport for: the wire
+// format's, then the abort words.
+EPCOMM_HD constexpr std::size_t ll_abort_first_slot(const wire::ll::shape& s) {
+  return wire::ll::signal_slots(s);
+}
+EPCOMM_HD constexpr std::size_t ll_device_signal_slots(const wire::ll::shape& s) {
+  return ll_abort_first_slot(s) + static_cast<std::size_t>(s.world_size);
+}
 
 // A rejection is a verdict every rank reached in one completed exchange: the
 // buffer serves the next call. A deadline or a protocol violation leaves
@@ -110,6 +137,10 @@ inline error to_error(const ll_report& r, int rank) {
     case ll_failure::rows_mismatch:
       return error(rank, op, r.peer,
                    mismatch + n(r.seen) + " rows returned, " + n(r.expected) + " dispatched there");
+    case ll_failure::peer_aborted: {
+      const auto b = proxy::peer_aborted(r.src_rank, r.peer, rank, ll_waited_for_text(r.what));
+      return error(rank, op, b.peer, b.cause);
+    }
   }
   return error(
       rank, op, r.peer,

@@ -1,7 +1,8 @@
 // Device-side waits and failure records of the low-latency kernels: the
 // system-scope acquire loads and release adds of device_sync.cuh, a bounded
-// wait that records who was late in an ll_report instead of hanging, and the
-// "first failure wins" record of a verdict.
+// wait that records who was late in an ll_report instead of hanging, the
+// "first failure wins" record of a verdict, and the abort relay
+// (ll_abort_link) that carries a breaking failure to every peer.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,17 @@ __device__ __forceinline__ bool ll_is_broken(const ll_report* rep) {
 
 // Records `r` (filled by a verdict function) unless a failure the host has
 // not read yet is pending: the first one of a call wins. A breaking failure
-// also sets `broken`, which makes every other waiter of this rank give up.
-__device__ inline void ll_record(ll_report* rep, const ll_report& r) {
-  if (ll_breaks_buffer(r.code)) atomicExch(&rep->broken, 1);
+// also sets `broken`, which makes every other waiter of this rank give up,
+// and the first one tells every peer through `link`, blaming the rank it
+// names (the relayed culprit for a relayed abort, this rank if none).
+__device__ inline void ll_record(ll_report* rep, const ll_report& r, const ll_abort_link& link) {
+  if (ll_breaks_buffer(r.code) && atomicExch(&rep->broken, 1) == 0) {
+    const int culprit = r.peer >= 0 ? r.peer : link.rank;
+    for (int q = 0; q < link.world; ++q)
+      if (q != link.rank)
+        add_release(link.signals[q] + link.first + link.rank,
+                    static_cast<std::uint64_t>(culprit) + 1);
+  }
   if (atomicCAS(reinterpret_cast<int*>(&rep->code), static_cast<int>(ll_failure::none), -1) !=
       static_cast<int>(ll_failure::none))
     return;
@@ -37,13 +46,34 @@ __device__ inline void ll_record(ll_report* rep, const ll_report& r) {
   atomicExch(reinterpret_cast<int*>(&rep->code), static_cast<int>(r.code));
 }
 
+// A peer's abort word, if one is set: records it (which relays it on) and
+// returns true.
+__device__ inline bool ll_peer_aborted(ll_report* rep, const ll_abort_link& link, ll_op op,
+                                       ll_waited_for what) {
+  const std::uint64_t* words = link.signals[link.rank] + link.first;
+  for (int s = 0; s < link.world; ++s) {
+    const std::uint64_t w = load_acquire(words + s);
+    if (w == 0) continue;
+    ll_report r{};
+    r.code = ll_failure::peer_aborted;
+    r.peer = static_cast<std::int32_t>(w - 1);
+    r.src_rank = s;
+    r.what = what;
+    r.op = op;
+    ll_record(rep, r, link);
+    return true;
+  }
+  return false;
+}
+
 // Spins until *counter >= expected (acquire). Returns false, without hanging,
-// when timeout_ns pass first (recorded as a deadline attributed to `peer`) or
-// when another thread of this rank has already failed. `waited_ns`, when
-// given, receives how long the wait took.
+// when timeout_ns pass first (recorded as a deadline attributed to `peer`),
+// when a peer aborted (recorded), or when another thread of this rank has
+// already failed. `waited_ns`, when given, receives how long the wait took.
 __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expected,
-                               std::uint64_t timeout_ns, ll_report* rep, ll_op op, int peer,
-                               ll_waited_for what, std::uint64_t* waited_ns = nullptr) {
+                               std::uint64_t timeout_ns, ll_report* rep, const ll_abort_link& link,
+                               ll_op op, int peer, ll_waited_for what,
+                               std::uint64_t* waited_ns = nullptr) {
   const std::uint64_t start = now_ns();
   for (std::uint32_t spin = 1;; ++spin) {
     const std::uint64_t v = load_acquire(counter);
@@ -51,9 +81,9 @@ __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expec
       if (waited_ns != nullptr) *waited_ns = now_ns() - start;
       return true;
     }
-    // The clock and the flag cost more than the load: check them every few polls.
+    // The clock and the flags cost more than the load: check them every few polls.
     if ((spin & 31u) == 0) {
-      if (ll_is_broken(rep)) return false;
+      if (ll_is_broken(rep) || ll_peer_aborted(rep, link, op, what)) return false;
       if (now_ns() - start > timeout_ns) {
         ll_report r{};
         r.code = ll_failure::deadline;
@@ -62,7 +92,7 @@ __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expec
         r.op = op;
         r.expected = static_cast<std::int64_t>(expected);
         r.seen = static_cast<std::int64_t>(v);
-        ll_record(rep, r);
+        ll_record(rep, r, link);
         return false;
       }
     }
