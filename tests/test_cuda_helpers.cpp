@@ -230,6 +230,32 @@ TEST_CASE("a deadline report reads as the host transports' wait error and breaks
     CHECK(std::string(waited_for_text(w)) != "?");
 }
 
+TEST_CASE("a relayed abort reads as the host transports' and breaks the buffer") {
+  report r{};
+  r.code = failure::peer_aborted;
+  r.what = waited_for::notify_counts;
+  r.reporter = 0;
+  r.peer = 3;  // rank 0 gave up because of rank 3
+  const error e = to_error(r, 1, "dispatch");
+  CHECK(std::string(e.what()) ==
+        "epcomm: rank 1: dispatch (peer 3): rank 3 failed (reported by rank 0, which aborted) "
+        "while this rank waited for notify counts");
+  CHECK(e.peer() == 3);
+  CHECK(breaks_buffer(r));
+  r.peer = 0;  // on its own account
+  CHECK(std::string(to_error(r, 1, "combine").what()) ==
+        "epcomm: rank 1: combine (peer 0): peer aborted while this rank waited for notify counts");
+  // The abort words follow the wire format's signal slots, one per rank.
+  peer_table peers{};
+  peers.rank = 1;
+  peers.world_size = 4;
+  const abort_link link = normal_abort_link(peers);
+  CHECK(link.first == wire::signal_slots(4));
+  CHECK(link.rank == 1);
+  CHECK(link.world == 4);
+  CHECK(with_abort_words(wire::signal_slots(4), 4) == wire::signal_slots(4) + 4);
+}
+
 // The strongest check available without a GPU: the verdict functions the
 // kernels run, applied to notify slots the host engine itself wrote, give the
 // engine's own answer.

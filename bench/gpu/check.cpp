@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     check(run("correctness fp32", world,
               [&](local_bootstrap& b) { return check_rank<float>(b, opt.quick); }));
     if (world >= 2)
-      check(run("absent peer fails everyone at the deadline", world, check_absent_peer));
+      check(run("absent peer: deadline, then the abort relay", world, check_absent_peer));
   }
   for (int world : opt.ranks) {
     if (!opt.low_latency) break;

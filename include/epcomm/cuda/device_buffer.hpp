@@ -112,7 +112,8 @@ class device_buffer {
         timeout_(effective_timeout(cfg.timeout)),
         cap_(agree_capacity<Token>(boot, cfg, timeout_)),
         plan_(wire::plan_regions(cap_)),
-        transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)) {
+        transport_(boot, plan_.total, with_abort_words(wire::signal_slots(world_), world_),
+                   deadline::after(timeout_)) {
     require_peer_mapped(transport_, rank_, world_, "buffer",
                         "normal mode over this transport needs every rank in one NVLink domain");
     try {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "epcomm/cuda/abort_link.hpp"
 #include "epcomm/cuda/report.hpp"
 
 namespace epcomm::cuda::device {
@@ -33,6 +34,27 @@ __device__ __forceinline__ std::uint64_t now_ns() {
   return t;
 }
 
+// Tells every peer, through its abort word there, that this rank gave up
+// because of `culprit`. Called once per rank (by whoever sets `broken`).
+__device__ inline void relay_abort(const abort_link& link, int culprit) {
+  for (int q = 0; q < link.world; ++q)
+    if (q != link.rank)
+      add_release(link.signals[q] + link.first + link.rank,
+                  static_cast<std::uint64_t>(culprit) + 1);
+}
+
+// The lowest peer whose abort word is set at this rank, with the rank it
+// blamed in *culprit; -1 when none is.
+__device__ inline int find_peer_abort(const abort_link& link, int* culprit) {
+  const std::uint64_t* words = link.signals[link.rank] + link.first;
+  for (int s = 0; s < link.world; ++s)
+    if (const std::uint64_t w = load_acquire(words + s); w != 0) {
+      *culprit = static_cast<int>(w - 1);
+      return s;
+    }
+  return -1;
+}
+
 __device__ __forceinline__ bool is_broken(const report* rep) {
   return *reinterpret_cast<const volatile std::int32_t*>(&rep->broken) != 0;
 }
@@ -44,19 +66,21 @@ __device__ __forceinline__ bool claim_report(report* rep) {
          static_cast<int>(failure::none);
 }
 
-// Marks the rank broken and, if nothing was recorded yet, says which wait
-// expired. Every other waiter of this rank sees `broken` and gives up too.
-__device__ inline void report_deadline(report* rep, int peer, waited_for what,
-                                       std::uint64_t expected, std::uint64_t seen) {
-  atomicExch(&rep->broken, 1);
+// Marks the rank broken (relaying it to every peer the first time, blaming
+// `culprit`) and, if nothing was recorded yet, records `r`. Every other waiter
+// of this rank sees `broken` and gives up too.
+__device__ inline void report_breaking(report* rep, const abort_link& link, int culprit,
+                                       const report& r) {
+  if (atomicExch(&rep->broken, 1) == 0) relay_abort(link, culprit);
   if (!claim_report(rep)) return;
-  rep->peer = peer;
-  rep->what = what;
-  rep->expected = static_cast<std::int64_t>(expected);
-  rep->seen = static_cast<std::int64_t>(seen);
+  rep->peer = r.peer;
+  rep->what = r.what;
+  rep->expected = r.expected;
+  rep->seen = r.seen;
+  rep->reporter = r.reporter;
   rep->cause[0] = '\0';
   __threadfence();
-  atomicExch(reinterpret_cast<int*>(&rep->code), static_cast<int>(failure::deadline));
+  atomicExch(reinterpret_cast<int*>(&rep->code), static_cast<int>(r.code));
 }
 
 // Records a verdict failure (already filled in `r` by judge_notify or
@@ -74,11 +98,12 @@ __device__ inline void report_verdict(report* rep, const report& r) {
 }
 
 // Spins until *counter >= expected (acquire). Returns false, without hanging,
-// when timeout_ns pass first (recorded, attributed to `peer`) or when another
-// thread of this rank has already failed.
+// when timeout_ns pass first (recorded, attributed to `peer`), when a peer
+// aborted (recorded, and relayed on), or when another thread of this rank
+// has already failed.
 __device__ inline bool wait_at_least(const std::uint64_t* counter, std::uint64_t expected,
-                                     std::uint64_t timeout_ns, report* rep, int peer,
-                                     waited_for what) {
+                                     std::uint64_t timeout_ns, report* rep, const abort_link& link,
+                                     int peer, waited_for what) {
   const std::uint64_t start = now_ns();
   for (std::uint32_t spin = 1;; ++spin) {
     const std::uint64_t v = load_acquire(counter);
@@ -87,8 +112,22 @@ __device__ inline bool wait_at_least(const std::uint64_t* counter, std::uint64_t
     // every few polls only.
     if ((spin & 31u) == 0) {
       if (is_broken(rep)) return false;
+      report r{};
+      r.what = what;
+      int culprit = 0;
+      if (const int reporter = find_peer_abort(link, &culprit); reporter >= 0) {
+        r.code = failure::peer_aborted;
+        r.peer = culprit;
+        r.reporter = reporter;
+        report_breaking(rep, link, culprit, r);
+        return false;
+      }
       if (now_ns() - start > timeout_ns) {
-        report_deadline(rep, peer, what, expected, v);
+        r.code = failure::deadline;
+        r.peer = peer;
+        r.expected = static_cast<std::int64_t>(expected);
+        r.seen = static_cast<std::int64_t>(v);
+        report_breaking(rep, link, peer, r);
         return false;
       }
     }

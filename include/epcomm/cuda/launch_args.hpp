@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "epcomm/cuda/abort_link.hpp"
 #include "epcomm/cuda/peer_table.hpp"
 #include "epcomm/cuda/report.hpp"
 #include "epcomm/wire.hpp"
@@ -72,6 +73,18 @@ struct combine_args {
   std::uint64_t timeout_ns;
   char host_cause[wire::cause_bytes];
 };
+
+// Where a normal-mode call's kernels relay an abort (abort_link.hpp): the
+// words follow the wire format's signal slots.
+EPCOMM_HD inline abort_link normal_abort_link(const peer_table& peers) {
+  return make_abort_link(peers, wire::signal_slots(peers.world_size));
+}
+EPCOMM_HD inline abort_link abort_link_of(const dispatch_args& a) {
+  return normal_abort_link(a.peers);
+}
+EPCOMM_HD inline abort_link abort_link_of(const combine_args& a) {
+  return normal_abort_link(a.peers);
+}
 
 static_assert(std::is_trivially_copyable_v<dispatch_args> && sizeof(dispatch_args) <= 4096);
 static_assert(std::is_trivially_copyable_v<combine_args> && sizeof(combine_args) <= 4096);

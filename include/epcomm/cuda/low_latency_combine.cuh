@@ -245,7 +245,7 @@ __device__ inline void finish_combine(const ll_args& a, std::uint64_t epoch, boo
         scan, words,
         reinterpret_cast<const wire::ll::reject_record*>(ll_region(a, rank, a.plan.rejects)), world,
         rank, epoch, self_ok, expected, r);
-    if (r.code != ll_failure::none) ll_record(a.ws.rep, r, abort_link(a));
+    if (r.code != ll_failure::none) ll_record(a.ws.rep, r, abort_link_of(a));
   }
   for (int r = threadIdx.x; r < world; r += blockDim.x) {
     a.ws.combine_wait_sum[r] += a.ws.wait_ns[world + r];
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(ll_threads) ll_combine_recv_kernel(ll_args a) 
     for (int r = lane; r < world && ok; r += warp_size) {
       std::uint64_t waited = 0;
       ok = ll_wait(ll_signal(a, rank, wire::ll::combine_signal(s, p, r)), epoch, a.timeout_ns, rep,
-                   abort_link(a), ll_op::combine, r, ll_waited_for::combined_rows, &waited);
+                   abort_link_of(a), ll_op::combine, r, ll_waited_for::combined_rows, &waited);
       if (!ok) break;
       atomicMax(reinterpret_cast<unsigned long long*>(a.ws.wait_ns + world + r),
                 static_cast<unsigned long long>(waited));

@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a)
   if (epoch > 1 && warp == 0)
     for (int r = lane; r < world && ok; r += warp_size)
       ok = ll_wait(ll_signal(a, rank, wire::ll::released_signal(s, p, r)), epoch - 1, a.timeout_ns,
-                   rep, abort_link(a), ll_op::dispatch, r, ll_waited_for::release);
+                   rep, abort_link_of(a), ll_op::dispatch, r, ll_waited_for::release);
 
   // The whole routing, read by every block: whether the call is valid must be
   // known before any record moves, and the counts of earlier tokens place
@@ -325,7 +325,7 @@ __device__ void unpack_record(const ll_args& a, int le, int src, int i, int row)
       r.src_rank = from.rank;
       r.src_token = from.token;
       r.src_slot = from.topk_slot;
-      ll_record(a.ws.rep, r, abort_link(a));
+      ll_record(a.ws.rep, r, abort_link_of(a));
     }
     return;
   }
@@ -377,7 +377,7 @@ __device__ inline void finish_dispatch(const ll_args& a, std::uint64_t epoch, bo
         world, rank, epoch, s.max_tokens_per_rank, self_ok, r);
     accepted = r.code == ll_failure::none ? 1 : 0;
     if (!accepted) {
-      ll_record(a.ws.rep, r, abort_link(a));
+      ll_record(a.ws.rep, r, abort_link_of(a));
       a.ws.dispatch_ok[a.parity] = 0;  // no combine may answer this dispatch
     }
   }
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_recv_kernel(ll_args a)
     for (int from = lane; from <= src && ok; from += warp_size) {
       std::uint64_t waited = 0;
       ok = ll_wait(ll_signal(a, rank, wire::ll::dispatch_signal(s, p, le, from)), epoch,
-                   a.timeout_ns, rep, abort_link(a), ll_op::dispatch, from,
+                   a.timeout_ns, rep, abort_link_of(a), ll_op::dispatch, from,
                    ll_waited_for::dispatch_records, &waited);
       if (!ok) break;
       if (from == src)

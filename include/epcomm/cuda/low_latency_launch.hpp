@@ -68,8 +68,8 @@ struct ll_args {
 static_assert(std::is_trivially_copyable_v<ll_args> && sizeof(ll_args) <= 4096);
 
 // Where this call's kernels relay an abort (low_latency_report.hpp).
-EPCOMM_HD inline ll_abort_link abort_link(const ll_args& a) {
-  return {a.peers.signals, ll_abort_first_slot(a.shape), a.peers.rank, a.shape.world_size};
+EPCOMM_HD inline abort_link abort_link_of(const ll_args& a) {
+  return make_abort_link(a.peers, ll_abort_first_slot(a.shape));
 }
 
 // Launch geometry. Every kernel uses ll_threads threads per block.

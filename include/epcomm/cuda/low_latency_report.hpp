@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "epcomm/config.hpp"
+#include "epcomm/cuda/abort_link.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/low_latency_wire.hpp"
 #include "epcomm/proxy/peer_abort.hpp"
@@ -74,25 +75,13 @@ struct ll_report {
 
 static_assert(std::is_trivially_copyable_v<ll_report> && std::is_standard_layout_v<ll_report>);
 
-// The abort relay: a rank whose call breaks (a deadline, a protocol
-// violation, a relayed abort) tells every peer at once, so that their waits
-// end now, naming the root cause, instead of at their own deadlines, as the
-// host transports' abort() does. Each rank's signal array ends with one word
-// per rank: word s is set, once, by rank s to 1 + the rank it blamed.
-struct ll_abort_link {
-  std::uint64_t* const* signals;  // every rank's signal array, as mapped here
-  std::size_t first;              // slot of word 0
-  int rank;
-  int world;
-};
-
-// Signal slots a low-latency device buffer asks its transport for: the wire
-// format's, then the abort words.
+// Where a low-latency device buffer's abort words (abort_link.hpp) start,
+// and how many signal slots it asks its transport for.
 EPCOMM_HD constexpr std::size_t ll_abort_first_slot(const wire::ll::shape& s) {
   return wire::ll::signal_slots(s);
 }
 EPCOMM_HD constexpr std::size_t ll_device_signal_slots(const wire::ll::shape& s) {
-  return ll_abort_first_slot(s) + static_cast<std::size_t>(s.world_size);
+  return with_abort_words(ll_abort_first_slot(s), s.world_size);
 }
 
 // A rejection is a verdict every rank reached in one completed exchange: the

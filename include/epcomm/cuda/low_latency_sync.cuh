@@ -2,7 +2,7 @@
 // system-scope acquire loads and release adds of device_sync.cuh, a bounded
 // wait that records who was late in an ll_report instead of hanging, the
 // "first failure wins" record of a verdict, and the abort relay
-// (ll_abort_link) that carries a breaking failure to every peer.
+// (abort_link.hpp) that carries a breaking failure to every peer.
 #pragma once
 
 #include <cstdint>
@@ -21,14 +21,9 @@ __device__ __forceinline__ bool ll_is_broken(const ll_report* rep) {
 // also sets `broken`, which makes every other waiter of this rank give up,
 // and the first one tells every peer through `link`, blaming the rank it
 // names (the relayed culprit for a relayed abort, this rank if none).
-__device__ inline void ll_record(ll_report* rep, const ll_report& r, const ll_abort_link& link) {
-  if (ll_breaks_buffer(r.code) && atomicExch(&rep->broken, 1) == 0) {
-    const int culprit = r.peer >= 0 ? r.peer : link.rank;
-    for (int q = 0; q < link.world; ++q)
-      if (q != link.rank)
-        add_release(link.signals[q] + link.first + link.rank,
-                    static_cast<std::uint64_t>(culprit) + 1);
-  }
+__device__ inline void ll_record(ll_report* rep, const ll_report& r, const abort_link& link) {
+  if (ll_breaks_buffer(r.code) && atomicExch(&rep->broken, 1) == 0)
+    relay_abort(link, r.peer >= 0 ? r.peer : link.rank);
   if (atomicCAS(reinterpret_cast<int*>(&rep->code), static_cast<int>(ll_failure::none), -1) !=
       static_cast<int>(ll_failure::none))
     return;
@@ -48,22 +43,19 @@ __device__ inline void ll_record(ll_report* rep, const ll_report& r, const ll_ab
 
 // A peer's abort word, if one is set: records it (which relays it on) and
 // returns true.
-__device__ inline bool ll_peer_aborted(ll_report* rep, const ll_abort_link& link, ll_op op,
+__device__ inline bool ll_peer_aborted(ll_report* rep, const abort_link& link, ll_op op,
                                        ll_waited_for what) {
-  const std::uint64_t* words = link.signals[link.rank] + link.first;
-  for (int s = 0; s < link.world; ++s) {
-    const std::uint64_t w = load_acquire(words + s);
-    if (w == 0) continue;
-    ll_report r{};
-    r.code = ll_failure::peer_aborted;
-    r.peer = static_cast<std::int32_t>(w - 1);
-    r.src_rank = s;
-    r.what = what;
-    r.op = op;
-    ll_record(rep, r, link);
-    return true;
-  }
-  return false;
+  int culprit = 0;
+  const int reporter = find_peer_abort(link, &culprit);
+  if (reporter < 0) return false;
+  ll_report r{};
+  r.code = ll_failure::peer_aborted;
+  r.peer = culprit;
+  r.src_rank = reporter;
+  r.what = what;
+  r.op = op;
+  ll_record(rep, r, link);
+  return true;
 }
 
 // Spins until *counter >= expected (acquire). Returns false, without hanging,
@@ -71,7 +63,7 @@ __device__ inline bool ll_peer_aborted(ll_report* rep, const ll_abort_link& link
 // when a peer aborted (recorded), or when another thread of this rank has
 // already failed. `waited_ns`, when given, receives how long the wait took.
 __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expected,
-                               std::uint64_t timeout_ns, ll_report* rep, const ll_abort_link& link,
+                               std::uint64_t timeout_ns, ll_report* rep, const abort_link& link,
                                ll_op op, int peer, ll_waited_for what,
                                std::uint64_t* waited_ns = nullptr) {
   const std::uint64_t start = now_ns();

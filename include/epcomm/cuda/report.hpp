@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "epcomm/error.hpp"
+#include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/wire.hpp"
 
 namespace epcomm::cuda {
@@ -28,6 +29,7 @@ enum class failure : std::int32_t {
   over_capacity,       // peer would receive `seen` rows, its buffer holds `expected`
   over_bound,          // peer would receive `seen` rows, its worst_case_recv_tokens is `expected`
   weights_mismatch,    // peer passes topk_weights to combine and rank 0 does not, or vice versa
+  peer_aborted,        // `reporter` gave up blaming `peer` and told this rank (abort_link.hpp)
 };
 
 // What a wait that expired was waiting for; the text matches the host
@@ -84,16 +86,20 @@ struct report {
   std::int64_t expected;
   std::int64_t seen;
   std::int32_t num_recv_tokens;   // rows this rank receives in the dispatch (set by notify)
-  std::int32_t broken;            // sticky: set with the first deadline, never cleared
+  std::int32_t broken;            // sticky: set with the first breaking failure, never cleared
+  std::int32_t reporter;          // peer_aborted only: the rank that relayed it
   char cause[wire::cause_bytes];  // NUL-terminated; invalid_input / peer_invalid_input
 };
 
 static_assert(std::is_trivially_copyable_v<report> && std::is_standard_layout_v<report>);
 
-// A deadline means peers may be anywhere in the protocol: the buffer that saw
-// it cannot be used again. Every other failure is a verdict all ranks reached
-// together after a completed round, so the next call is safe.
-inline bool breaks_buffer(const report& r) { return r.code == failure::deadline; }
+// A deadline (or a peer's abort, relayed) means peers may be anywhere in the
+// protocol: the buffer that saw it cannot be used again. Every other failure
+// is a verdict all ranks reached together after a completed round, so the
+// next call is safe.
+inline bool breaks_buffer(const report& r) {
+  return r.code == failure::deadline || r.code == failure::peer_aborted;
+}
 
 // The epcomm::error the host engine throws for the same situation.
 inline error to_error(const report& r, int rank, const std::string& op) {
@@ -132,6 +138,10 @@ inline error to_error(const report& r, int rank, const std::string& op) {
     case failure::weights_mismatch:
       return error(rank, op, r.peer,
                    "topk_weights given on some ranks only (every rank passes them or none)");
+    case failure::peer_aborted: {
+      const auto b = proxy::peer_aborted(r.reporter, r.peer, rank, waited_for_text(r.what));
+      return error(rank, op, b.peer, b.cause);
+    }
   }
   return error(
       rank, op, r.peer,
