@@ -159,15 +159,19 @@ class engine {
   void run() {
     std::vector<channel_state> channels;
     for (const auto& v : views_) channels.emplace_back(v);
+    std::optional<error> stopped;
     try {
       drive(channels);
     } catch (const error& e) {
-      failure_.latch(e);
+      stopped = e;
     } catch (const std::exception& e) {
-      failure_.latch(error(transport_.rank(), "proxy", no_peer, e.what()));
+      stopped = error(transport_.rank(), "proxy", no_peer, e.what());
     }
-    if (failure_.failed()) {
+    if (stopped) {
+      // Rings first: whoever sees failed(), or gets the error from push or
+      // quiet, then finds every ring marked too, so that channels report it.
       for (auto& c : channels) c.consumer.mark_failed();
+      failure_.latch(*stopped);
       serve_until_stopped();
     }
   }
