@@ -330,6 +330,32 @@ bool bad_input_stops_everyone() {
   return test::all_ok(codes, "bad input over 2 nodes of 2");
 }
 
+// Masking a lost rank is the flat engine's over shm only: asking the
+// hierarchical buffer for it fails construction on every rank rather than
+// being ignored.
+template <class Inter>
+bool masking_is_refused() {
+  local_launch_options opt;
+  opt.ranks_per_node = 2;
+  const auto codes = launch_local(
+      4,
+      [](local_bootstrap& boot) {
+        buffer_config cfg{8, 128, 2, 8, 0, std::chrono::milliseconds(20'000)};
+        cfg.mask_lost_ranks = true;
+        try {
+          hier<Inter, bf16> buf(boot, cfg);
+          return test::fail_rank(boot.rank(), "mask_lost_ranks was accepted");
+        } catch (const error& e) {
+          return std::string(e.what()).find("invalid config: mask_lost_ranks needs") !=
+                         std::string::npos
+                     ? 0
+                     : test::fail_rank(boot.rank(), e.what());
+        }
+      },
+      opt);
+  return test::all_ok(codes, "mask_lost_ranks over 2 nodes of 2");
+}
+
 // A rank that vanishes mid-dispatch makes every survivor fail with an
 // epcomm::error well before the deadline. Survivors that notice the loss
 // themselves name the victim; the others may learn it from a peer that gave
@@ -415,6 +441,9 @@ bool lost_rank_fails_survivors_fast() {
   }                                                                                               \
   TEST_CASE(prefix " a lost rank fails every survivor fast") {                                    \
     CHECK(lost_rank_fails_survivors_fast<Inter>());                                               \
+  }                                                                                               \
+  TEST_CASE(prefix " mask_lost_ranks is refused on every rank") {                                 \
+    CHECK(masking_is_refused<Inter>());                                                           \
   }
 
 #if defined(EPCOMM_TEST_LIBFABRIC)
