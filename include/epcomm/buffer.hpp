@@ -253,14 +253,6 @@ class buffer {
     return wire::signal_slot(kind, source, world_);
   }
 
-  // Adds 1 to `peer`'s counter `s` after this rank's earlier writes to it.
-  void signal_add(int peer, std::size_t s, const deadline& dl) {
-    if constexpr (via_proxy)
-      enqueue(proxy::op_code::signal, peer, 0, 0, 0, s, dl);
-    else
-      transport_.signal_add(peer, s, 1);
-  }
-
   // RMA path: hands one operation to the proxy (put_signal and signal add 1
   // to `signal_slot`). Offsets are relative to the symmetric buffer.
   void enqueue(proxy::op_code op, int peer, std::size_t local, std::size_t remote,
@@ -298,13 +290,6 @@ class buffer {
 
   void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
 
-  void await(wire::signal_kind kind, int peer, std::uint64_t epoch, const deadline& dl,
-             wait_site site) {
-    const auto start = steady::now();
-    transport_.wait(slot(kind, peer), epoch, dl, site);
-    stats_.wait_per_peer[peer] += steady::now() - start;
-  }
-
   // Waits for `peer`'s round `kind` of call `epoch`. True once it came;
   // with mask_lost_ranks, a peer whose process is gone (found now or
   // before) is marked lost instead, and the answer is whether it finished
@@ -325,22 +310,16 @@ class buffer {
       return false;  // unreachable: nothing is marked lost without masking
   }
 
-  // Peer-mapped path, after this rank's writes of round `kind` of call
-  // `epoch` to every peer and before its signals: the word lost-peer
-  // settlement reads (see await_round).
-  void publish_progress(wire::signal_kind kind, std::uint64_t epoch) {
-    if constexpr (!via_proxy)
-      std::atomic_ref(progress_word(rank_, kind)).store(epoch, std::memory_order_release);
-  }
-
   std::uint64_t& progress_word(int r, wire::signal_kind kind) {
     return peer_array<std::uint64_t>(r, plan_.progress)[static_cast<int>(kind)];
   }
 
-  // Peer-mapped path: publishes round `kind` of call `epoch`, then adds 1 to
-  // its counter at every peer not lost.
+  // Peer-mapped path, once this rank's writes of round `kind` of call
+  // `epoch` to every peer are done: stores the progress word lost-peer
+  // settlement reads (see await_round), then adds 1 to the round's counter
+  // at every peer not lost.
   void end_round(wire::signal_kind kind, std::uint64_t epoch) {
-    publish_progress(kind, epoch);
+    std::atomic_ref(progress_word(rank_, kind)).store(epoch, std::memory_order_release);
     for (int p = 0; p < world_; ++p)
       if (!lost_[p]) transport_.signal_add(p, slot(kind, rank_), 1);
   }
@@ -361,7 +340,8 @@ class buffer {
     } catch (const error&) {
       guarded([&] {
         if constexpr (via_proxy)
-          for (int p = 0; p < world_; ++p) signal_add(p, slot(final_round, rank_), dl);
+          for (int p = 0; p < world_; ++p)
+            enqueue(proxy::op_code::signal, p, 0, 0, 0, slot(final_round, rank_), dl);
         else
           end_round(final_round, epoch);
         for (int p = 0; p < world_; ++p)

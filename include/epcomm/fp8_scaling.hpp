@@ -98,12 +98,12 @@ EPCOMM_HD inline void quantize_fp8_block(const T* in, int n, fp8_e4m3* out, floa
   assert(n >= 0 && n <= fp8_block);
   // |x| by clearing the sign bit; non-negative floats order as their bits
   // do, so the max is taken on signed integers (which SSE2 vectorizes), a
-  // NaN's bits counting as 0: ignored as fmaxf would. max is order-independent, so a
-  // kernel's warp reduction gets the same amax.
+  // NaN's bits counting as 0: ignored as fmaxf would. max is
+  // order-independent, so a kernel's warp reduction gets the same amax.
   std::int32_t amax_bits = 0;
   for (int i = 0; i < n; ++i) {
-    const auto a = static_cast<std::int32_t>(
-        detail::bit_cast<std::uint32_t>(to_float(in[i])) & 0x7FFF'FFFFu);
+    const auto a =
+        static_cast<std::int32_t>(detail::bit_cast<std::uint32_t>(to_float(in[i])) & 0x7FFF'FFFFu);
     const std::int32_t kept = a > 0x7F80'0000 ? 0 : a;
     amax_bits = kept > amax_bits ? kept : amax_bits;
   }
