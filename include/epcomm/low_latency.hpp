@@ -70,6 +70,7 @@
 #include "epcomm/layout.hpp"
 #include "epcomm/lost_ranks.hpp"
 #include "epcomm/low_latency_mode.hpp"
+#include "epcomm/low_latency_rma.hpp"
 #include "epcomm/low_latency_validation.hpp"
 #include "epcomm/low_latency_wire.hpp"
 #include "epcomm/proxy/engine.hpp"
@@ -310,22 +311,27 @@ class low_latency_buffer {
                                 offset);
   }
 
-  // Offset of a region of parity p from the start of the symmetric buffer,
-  // as the proxy's descriptors name it.
-  std::size_t at(int p, std::size_t offset) const {
-    return wire::ll::parity_base(plan_, p) + offset;
-  }
-
   // True when this rank stores into `peer`'s buffer itself: every peer over
   // a peer-mapped transport, only this rank over an RMA one.
   bool direct(int peer) const { return !via_proxy || peer == rank_; }
 
-  // A region of parity p in the buffer of `peer`, for which direct(peer).
-  std::byte* remote(int peer, int p, std::size_t offset) {
+  // Offset `at` (from the start of the symmetric buffer) in the buffer of
+  // `peer`, for which direct(peer).
+  std::byte* remote(int peer, std::size_t at) {
     if constexpr (via_proxy)
-      return local<std::byte>(p, offset);  // peer == rank_
+      return transport_.local_buffer().data() + at;  // peer == rank_
     else
-      return transport_.peer_ptr(peer, at(p, offset));
+      return transport_.peer_ptr(peer, at);
+  }
+
+  // Writes `bytes` from `from` to where `to` says: stored when direct, else
+  // put by the proxy from `to.local`, where the caller staged the same bytes.
+  void write(int p, const wire::ll::rma_write& to, const void* from, const deadline& dl) {
+    if (direct(to.peer)) {
+      std::memcpy(remote(to.peer, to.remote), from, to.bytes);
+    } else if constexpr (via_proxy) {
+      enqueue(p, proxy::op_code::put, to.peer, to.local, to.remote, to.bytes, 0, dl);
+    }
   }
 
   // RMA path: hands one operation of parity p to the proxy; put_signal and
@@ -467,50 +473,36 @@ class low_latency_buffer {
     const int per_rank = shape_.local_experts();
     const int dst = e / per_rank;
     if (direct(dst))
-      return remote(dst, p, plan_.dispatch_recv) +
-             wire::ll::record_index(shape_, e % per_rank, rank_, slot) * rb;
-    return local<std::byte>(p, plan_.send_records) +
-           (static_cast<std::size_t>(e) * shape_.max_tokens_per_rank + slot) * rb;
+      return remote(dst, wire::ll::parity_base(plan_, p) + plan_.dispatch_recv +
+                             wire::ll::record_index(shape_, e % per_rank, rank_, slot) * rb);
+    return transport_.local_buffer().data() + wire::ll::staged_record(shape_, plan_, p, e, slot);
   }
 
   // Count word (and, over RMA, the staged records before it) of region
   // (expert e, this rank), then its signal.
   void publish_dispatch_count(int e, int p, const wire::ll::count_word& w, const deadline& dl) {
-    const int per_rank = shape_.local_experts();
-    const int dst = e / per_rank;
-    const int le = e % per_rank;
-    const std::size_t word =
-        plan_.dispatch_counts + (static_cast<std::size_t>(le) * world_ + rank_) * sizeof w;
     if constexpr (via_proxy) {
-      const std::size_t rb = wire::ll::record_bytes(shape_);
-      if (!direct(dst) && w.count > 0)
-        enqueue(p, proxy::op_code::put, dst,
-                at(p, plan_.send_records +
-                          static_cast<std::size_t>(e) * shape_.max_tokens_per_rank * rb),
-                at(p, plan_.dispatch_recv + wire::ll::record_index(shape_, le, rank_, 0) * rb),
-                static_cast<std::size_t>(w.count) * rb, 0, dl);
+      const wire::ll::rma_write recs = wire::ll::records_write(shape_, plan_, p, rank_, e, w.count);
+      if (!direct(recs.peer) && w.count > 0)
+        enqueue(p, proxy::op_code::put, recs.peer, recs.local, recs.remote, recs.bytes, 0, dl);
     }
-    publish_count(p, dst, word, wire::ll::dispatch_signal(shape_, p, le, rank_),
-                  plan_.send_dispatch_counts + static_cast<std::size_t>(e) * sizeof w, w, dl);
+    publish_count(p, wire::ll::dispatch_count_write(shape_, plan_, p, rank_, e), w, dl);
   }
 
   void publish_combine_count(int src, int p, const wire::ll::count_word& w, const deadline& dl) {
-    publish_count(p, src, plan_.combine_counts + static_cast<std::size_t>(rank_) * sizeof w,
-                  wire::ll::combine_signal(shape_, p, rank_),
-                  plan_.send_combine_counts + static_cast<std::size_t>(src) * sizeof w, w, dl);
+    publish_count(p, wire::ll::combine_count_write(shape_, plan_, p, rank_, src), w, dl);
   }
 
-  // Count word `w` into offset `word` of `dst`'s buffer, then one add to its
-  // signal `counter`; over RMA, staged at `staged` and put with the signal.
-  void publish_count(int p, int dst, std::size_t word, std::size_t counter, std::size_t staged,
-                     const wire::ll::count_word& w, const deadline& dl) {
+  // Count word `w` to where `to` says in its peer's buffer, then one add to
+  // its signal; over RMA, staged where `to` says and put with the signal.
+  void publish_count(int p, const wire::ll::rma_write& to, const wire::ll::count_word& w,
+                     const deadline& dl) {
     if constexpr (via_proxy) {
-      std::memcpy(local<std::byte>(p, staged), &w, sizeof w);
-      enqueue(p, proxy::op_code::put_signal, dst, at(p, staged), at(p, word), sizeof w, counter,
-              dl);
+      std::memcpy(transport_.local_buffer().data() + to.local, &w, sizeof w);
+      enqueue(p, proxy::op_code::put_signal, to.peer, to.local, to.remote, to.bytes, to.slot, dl);
     } else {
-      std::memcpy(remote(dst, p, word), &w, sizeof w);
-      transport_.signal_add(dst, counter, 1);
+      std::memcpy(remote(to.peer, to.remote), &w, sizeof w);
+      transport_.signal_add(to.peer, to.slot, 1);
     }
   }
 
@@ -521,17 +513,14 @@ class low_latency_buffer {
     wire::ll::reject_record rec{};
     rec.epoch = epoch;
     std::strncpy(rec.cause, cause.c_str(), sizeof(rec.cause) - 1);
-    const std::size_t there =
-        plan_.rejects + (static_cast<std::size_t>(kind) * world_ + rank_) * sizeof rec;
-    const std::size_t staged = plan_.send_rejects + static_cast<std::size_t>(kind) * sizeof rec;
-    if constexpr (via_proxy) std::memcpy(local<std::byte>(p, staged), &rec, sizeof rec);
+    if constexpr (via_proxy)
+      std::memcpy(transport_.local_buffer().data() +
+                      wire::ll::reject_write(shape_, plan_, p, rank_, kind, rank_).local,
+                  &rec, sizeof rec);
     const wire::ll::count_word w{epoch, 0, wire::ll::state::rejected};
     for (int r = 0; r < world_; ++r) {
       if (lost_[r]) continue;
-      if (direct(r))
-        std::memcpy(remote(r, p, there), &rec, sizeof rec);
-      else if constexpr (via_proxy)
-        enqueue(p, proxy::op_code::put, r, at(p, staged), at(p, there), sizeof rec, 0, dl);
+      write(p, wire::ll::reject_write(shape_, plan_, p, rank_, kind, r), &rec, dl);
       if (kind == wire::ll::reject_kind::dispatch)
         for (int le = 0; le < shape_.local_experts(); ++le)
           publish_dispatch_count(r * shape_.local_experts() + le, p, w, dl);
@@ -674,7 +663,6 @@ class low_latency_buffer {
   // of its source, then a count word per source.
   void return_rows(int p, std::uint64_t epoch, std::span<const bf16> y, const deadline& dl) {
     const std::size_t h = static_cast<std::size_t>(shape_.hidden);
-    const std::size_t row_bytes = h * sizeof(bf16);
     const auto* src = local<const wire::ll::source>(p, plan_.recv_src);
     const auto* recv_count = local<const std::int32_t>(p, plan_.recv_count);
     if constexpr (via_proxy) stage_combine_rows(p, y);
@@ -684,13 +672,7 @@ class low_latency_buffer {
       for (std::size_t row = first; row < first + recv_count[le]; ++row) {
         const wire::ll::source& s = src[row];
         if (lost_[s.rank]) continue;
-        const std::size_t there =
-            plan_.combine_recv + wire::ll::combine_row(shape_, s.token, s.topk_slot) * row_bytes;
-        if (direct(s.rank))
-          std::memcpy(remote(s.rank, p, there), y.data() + row * h, row_bytes);
-        else if constexpr (via_proxy)
-          enqueue(p, proxy::op_code::put, s.rank, at(p, plan_.combine_send + row * row_bytes),
-                  at(p, there), row_bytes, 0, dl);
+        write(p, wire::ll::combine_row_write(shape_, plan_, p, row, s), y.data() + row * h, dl);
         ++rows_to_rank_[s.rank];
       }
     }
