@@ -54,6 +54,11 @@ class symmetric_memory {
     const cudaError_t zeroed = cudaMemset(p, 0, bytes_);
     if (zeroed != cudaSuccess) cudaFree(p);  // no destructor runs for a failed constructor
     cuda::check_cuda(zeroed, rank, op, no_peer, "cudaMemset");
+    cudaStream_t stream = nullptr;
+    const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (made != cudaSuccess) cudaFree(p);
+    cuda::check_cuda(made, rank, op, no_peer, "cudaStreamCreateWithFlags");
+    copy_stream_ = stream;
     data_ = static_cast<std::byte*>(p);
 #else
     throw error(rank, op, no_peer,
@@ -63,11 +68,15 @@ class symmetric_memory {
   }
 
   symmetric_memory(symmetric_memory&& o) noexcept
-      : where_(o.where_), bytes_(o.bytes_), data_(std::exchange(o.data_, nullptr)) {}
+      : where_(o.where_),
+        bytes_(o.bytes_),
+        data_(std::exchange(o.data_, nullptr)),
+        copy_stream_(std::exchange(o.copy_stream_, nullptr)) {}
   symmetric_memory& operator=(symmetric_memory&& o) noexcept {
     std::swap(where_, o.where_);
     std::swap(bytes_, o.bytes_);
     std::swap(data_, o.data_);
+    std::swap(copy_stream_, o.copy_stream_);
     return *this;
   }
   ~symmetric_memory() { release(); }
@@ -79,6 +88,9 @@ class symmetric_memory {
 
   // A transport's put to itself: copies n bytes within the region. Device
   // memory has no overlapping copy, so overlapping ranges are refused there.
+  // The copy goes on a non-blocking stream of its own: a cudaMemcpy (legacy
+  // default stream) would wait for the kernel that pushed the put, which
+  // may be waiting for the signal the put carries.
   void copy_within(int rank, const char* op, std::size_t dst, std::size_t src, std::size_t n) {
     if (!on_device()) {
       std::memmove(data_ + dst, data_ + src, n);
@@ -91,8 +103,11 @@ class symmetric_memory {
                       std::to_string(dst) + ")");
 #if defined(EPCOMM_WITH_CUDA)
     const device_scope on(rank, op, where_.cuda_device);
-    cuda::check_cuda(cudaMemcpy(data_ + dst, data_ + src, n, cudaMemcpyDeviceToDevice), rank, op,
-                     rank, "cudaMemcpy (device to device)");
+    cuda::check_cuda(
+        cudaMemcpyAsync(data_ + dst, data_ + src, n, cudaMemcpyDeviceToDevice, copy_stream()), rank,
+        op, rank, "cudaMemcpyAsync (device to device)");
+    cuda::check_cuda(cudaStreamSynchronize(copy_stream()), rank, op, rank,
+                     "cudaStreamSynchronize (device to device copy)");
 #endif
   }
 
@@ -117,12 +132,17 @@ class symmetric_memory {
   };
 #endif
 
+#if defined(EPCOMM_WITH_CUDA)
+  cudaStream_t copy_stream() const { return static_cast<cudaStream_t>(copy_stream_); }
+#endif
+
   void release() {
     if (data_ == nullptr) return;
     if (!on_device()) {
       munmap(data_, bytes_);
     } else {
 #if defined(EPCOMM_WITH_CUDA)
+      cudaStreamDestroy(copy_stream());
       cudaFree(data_);
 #endif
     }
@@ -132,6 +152,9 @@ class symmetric_memory {
   memory_placement where_{};
   std::size_t bytes_ = 0;
   std::byte* data_ = nullptr;
+  // Device memory: the stream of copy_within (a cudaStream_t, held untyped
+  // so that the class compiles without CUDA).
+  void* copy_stream_ = nullptr;
 };
 
 }  // namespace epcomm::proxy
