@@ -14,7 +14,8 @@
 //                   against the reference and the host low-latency engine),
 //                   the absent peer, and the timing of each phase;
 //   6. gpu-fed proxy  kernels that drive libfabric and UCX through the proxy
-//                   ring (proxy_check.hpp), when those transports were built.
+//                   ring (proxy_check.hpp), and the low-latency kernels over
+//                   them (ll_correctness.hpp), when those transports were built.
 //
 // Prints one table and exits non-zero if anything failed. The parent process
 // never touches CUDA: a process that forks after initialising CUDA leaves its
@@ -36,6 +37,12 @@
 #include "timing.hpp"
 #if defined(EPCOMM_GPU_PROXY_LIBFABRIC) || defined(EPCOMM_GPU_PROXY_UCX)
 #include "proxy_check.hpp"
+#endif
+#if defined(EPCOMM_GPU_PROXY_LIBFABRIC)
+#include "epcomm/libfabric/transport.hpp"
+#endif
+#if defined(EPCOMM_GPU_PROXY_UCX)
+#include "epcomm/ucx/transport.hpp"
 #endif
 
 namespace {
@@ -208,7 +215,29 @@ int main(int argc, char** argv) {
               [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3>(b, opt.quick); }));
     if (world >= 2)
       check(run("low-latency absent peer: deadline, then the abort relay", world,
-                check_ll_absent_peer));
+                check_ll_absent_peer<>));
+  }
+  // Low latency between nodes: the same kernels through the GPU-fed proxy
+  // (the quick scenarios; loopback unless FI_PROVIDER / UCX_TLS say otherwise).
+  for (int world : opt.ranks) {
+    if (!opt.low_latency || world < 2) continue;
+#if defined(EPCOMM_GPU_PROXY_LIBFABRIC) || defined(EPCOMM_GPU_PROXY_UCX)
+    default_to_loopback();
+#endif
+#if defined(EPCOMM_GPU_PROXY_LIBFABRIC)
+    check(run("low-latency over libfabric bf16", world, [&](local_bootstrap& b) {
+      return check_ll_rank<bf16, libfabric::transport>(b, true);
+    }));
+    check(run("low-latency over libfabric fp8_e4m3", world, [&](local_bootstrap& b) {
+      return check_ll_rank<fp8_e4m3, libfabric::transport>(b, true);
+    }));
+    check(run("low-latency over libfabric: absent peer", world,
+              check_ll_absent_peer<libfabric::transport>));
+#endif
+#if defined(EPCOMM_GPU_PROXY_UCX)
+    check(run("low-latency over ucx bf16", world,
+              [&](local_bootstrap& b) { return check_ll_rank<bf16, ucx::transport>(b, true); }));
+#endif
   }
 
   for (int world : opt.ranks) {

@@ -30,22 +30,30 @@
 
 namespace epcomm::gpu_check {
 
-template <class Wire>
-using ll_device_engine = cuda::low_latency_device_buffer<nvlink_ipc::transport, Wire>;
+// Over libfabric / UCX the check places the device engine's buffer in host
+// memory mapped into the device: the fabric libraries of a stock system
+// have no CUDA support (FI_HMEM), and the protocol and the kernels' paths
+// are the same; only the bytes cross PCIe.
+inline constexpr proxy::memory_kind check_rma_memory = proxy::memory_kind::host;
+
+// Link: the device engine's transport, nvlink_ipc or (through the GPU-fed
+// proxy) libfabric / UCX.
+template <class Wire, class Link>
+using ll_device_engine = cuda::low_latency_device_buffer<Link, Wire>;
 template <class Wire>
 using ll_host_engine = low_latency_buffer<shm::transport, Wire>;
 
 // Both engines of one rank, built from one config, and the stream the
 // device engine uses.
-template <class Wire>
+template <class Wire, class Link>
 struct ll_engines {
-  ll_device_engine<Wire> dev;
+  ll_device_engine<Wire, Link> dev;
   ll_host_engine<Wire> host;
   cudaStream_t stream;
   int rank;
 
   ll_engines(local_bootstrap& boot, const low_latency_config& cfg, cudaStream_t s)
-      : dev(boot, cfg), host(boot, cfg), stream(s), rank(boot.rank()) {}
+      : dev(boot, cfg, check_rma_memory), host(boot, cfg), stream(s), rank(boot.rank()) {}
 
   const wire::ll::shape& shape() const { return host.shape(); }
   bool round = false;  // fp8 scales rounded to powers of two
@@ -129,20 +137,22 @@ std::string compare_dispatch(const ll_dispatch_result<Wire>& h, const ll_snapsho
 }
 
 // Parity p's region at `offset` of both engines' buffers, `bytes` long.
-template <class Wire>
-std::pair<std::vector<std::byte>, const std::byte*> regions(ll_engines<Wire>& e, int p,
+// (Over an RMA transport the device engine's parities also hold staging,
+// so its parity 1 starts further on.)
+template <class Wire, class Link>
+std::pair<std::vector<std::byte>, const std::byte*> regions(ll_engines<Wire, Link>& e, int p,
                                                             std::size_t offset, std::size_t bytes) {
-  const wire::ll::plan plan = wire::ll::plan_buffer(e.shape());
-  const std::size_t at = wire::ll::parity_base(plan, p) + offset;
-  return {device_array<std::byte>::read(e.dev.transport().local_device_buffer().data() + at, bytes),
-          e.host.transport().local_buffer().data() + at};
+  const std::size_t host_at = wire::ll::parity_base(wire::ll::plan_buffer(e.shape()), p) + offset;
+  const std::size_t dev_at = wire::ll::parity_base(e.dev.plan(), p) + offset;
+  return {device_array<std::byte>::read(e.dev.local_device_buffer() + dev_at, bytes),
+          e.host.transport().local_buffer().data() + host_at};
 }
 
 // The wire format itself, as written into this rank by its peers: the count
 // words of dispatch parity p and the meaningful bytes (header, payload,
 // scales) of every record they announce.
-template <class Wire>
-std::string compare_dispatch_wire(ll_engines<Wire>& e, int p) {
+template <class Wire, class Link>
+std::string compare_dispatch_wire(ll_engines<Wire, Link>& e, int p) {
   const wire::ll::shape& s = e.shape();
   const wire::ll::plan plan = wire::ll::plan_buffer(s);
   const std::size_t nwords = static_cast<std::size_t>(s.local_experts()) * s.world_size;
@@ -166,8 +176,8 @@ std::string compare_dispatch_wire(ll_engines<Wire>& e, int p) {
   return {};
 }
 
-template <class Wire>
-std::string compare_combine_wire(ll_engines<Wire>& e, int p) {
+template <class Wire, class Link>
+std::string compare_combine_wire(ll_engines<Wire, Link>& e, int p) {
   const wire::ll::plan plan = wire::ll::plan_buffer(e.shape());
   const auto [dev_words, host_words] =
       regions(e, p, plan.combine_counts, e.shape().world_size * sizeof(wire::ll::count_word));
@@ -199,8 +209,8 @@ ll_dispatch_input host_input(const ll_flight<Wire>& f, int rank) {
 
 // Checks a received dispatch against the reference, the host engine and the
 // wire, then prepares the expert outputs (the same on both engines).
-template <class Wire>
-std::string after_dispatch(ll_engines<Wire>& e, ll_flight<Wire>& f) {
+template <class Wire, class Link>
+std::string after_dispatch(ll_engines<Wire, Link>& e, ll_flight<Wire>& f) {
   e.dev.synchronize(e.stream);
   const wire::ll::shape& s = e.shape();
   const ll_snapshot<Wire> d(f.dres, s);
@@ -233,8 +243,8 @@ std::string after_dispatch(ll_engines<Wire>& e, ll_flight<Wire>& f) {
   return {};
 }
 
-template <class Wire>
-cuda::ll_device_combine_input device_combine(ll_engines<Wire>& e, const ll_flight<Wire>& f) {
+template <class Wire, class Link>
+cuda::ll_device_combine_input device_combine(ll_engines<Wire, Link>& e, const ll_flight<Wire>& f) {
   return {f.zero_copy ? e.dev.combine_send_buffer(f.dres.handle) : f.dy.data(),
           f.din.topk_idx.data(), f.din.topk_weights.data()};
 }
@@ -244,9 +254,9 @@ ll_combine_input host_combine(const ll_flight<Wire>& f, int rank) {
   return {f.hy, f.call.in[rank].topk_idx, f.call.in[rank].topk_weights};
 }
 
-template <class Wire>
-std::string after_combine(ll_engines<Wire>& e, const ll_flight<Wire>& f, std::span<const bf16> hout,
-                          const bf16* dout) {
+template <class Wire, class Link>
+std::string after_combine(ll_engines<Wire, Link>& e, const ll_flight<Wire>& f,
+                          std::span<const bf16> hout, const bf16* dout) {
   e.dev.synchronize(e.stream);
   const std::size_t n = static_cast<std::size_t>(f.call.tokens[e.rank]) * e.shape().hidden;
   const auto got = device_array<bf16>::read(dout, n);
@@ -257,8 +267,8 @@ std::string after_combine(ll_engines<Wire>& e, const ll_flight<Wire>& f, std::sp
 }
 
 // One dispatch and combine on both engines, one-shot.
-template <class Wire>
-std::string run_ll_call(ll_engines<Wire>& e, const test::ll_call& call, bool zero_copy,
+template <class Wire, class Link>
+std::string run_ll_call(ll_engines<Wire, Link>& e, const test::ll_call& call, bool zero_copy,
                         int misalign = 0) {
   ll_flight<Wire> f(call, e.rank, zero_copy, misalign);
   f.hres = e.host.low_latency_dispatch(host_input(f, e.rank));
@@ -271,8 +281,8 @@ std::string run_ll_call(ll_engines<Wire>& e, const test::ll_call& call, bool zer
 
 // Two calls in flight with split phases: both sends, then the receives in
 // reverse order, on both engines.
-template <class Wire>
-std::string run_ll_two_in_flight(ll_engines<Wire>& e, const test::ll_call& a,
+template <class Wire, class Link>
+std::string run_ll_two_in_flight(ll_engines<Wire, Link>& e, const test::ll_call& a,
                                  const test::ll_call& b) {
   ll_flight<Wire> fa(a, e.rank, true), fb(b, e.rank, false);
   auto ha = e.host.low_latency_dispatch_send(host_input(fa, e.rank));
@@ -326,8 +336,8 @@ inline std::string same_failure(const caught& host, const caught& dev, const std
 // handle) or on the device (an expert id out of range, a topk_idx that is
 // not the dispatched one): every rank gets the host engine's error, and the
 // buffer serves the next call.
-template <class Wire>
-std::string check_ll_bad_input(ll_engines<Wire>& e, std::uint64_t seed) {
+template <class Wire, class Link>
+std::string check_ll_bad_input(ll_engines<Wire, Link>& e, std::uint64_t seed) {
   const wire::ll::shape& s = e.shape();
   const int world = s.world_size, rank = e.rank, culprit = world - 1;
   const int max = s.max_tokens_per_rank;
@@ -426,8 +436,8 @@ std::string check_ll_bad_input(ll_engines<Wire>& e, std::uint64_t seed) {
 // Dispatch and combine captured into a CUDA graph and replayed: every replay
 // must give the host engine's results, because epochs and verdicts live on
 // the device.
-template <class Wire>
-std::string check_ll_graph_replay(ll_engines<Wire>& e, std::uint64_t seed) {
+template <class Wire, class Link>
+std::string check_ll_graph_replay(ll_engines<Wire, Link>& e, std::uint64_t seed) {
   const wire::ll::shape& s = e.shape();
   const auto call = test::make_ll_call(s.world_size, s.hidden, 4, s.num_experts,
                                        std::vector<int>(s.world_size, s.max_tokens_per_rank),
@@ -483,7 +493,7 @@ inline std::vector<int> ll_tokens(int world, int n, int max, std::uint64_t seed)
 // shape (7168) and a generic one (bf16: 200 channels, rows that are not whole
 // 16-byte vectors, and a misaligned x; fp8: 384 with scales rounded to
 // powers of two).
-template <class Wire>
+template <class Wire, class Link = nvlink_ipc::transport>
 int check_ll_rank(local_bootstrap& boot, bool quick) {
   constexpr bool fp8 = token_traits<Wire>::has_scales;
   const int rank = boot.rank(), world = boot.world_size();
@@ -505,7 +515,7 @@ int check_ll_rank(local_bootstrap& boot, bool quick) {
   const shape_case shapes[] = {{7168, false}, {fp8 ? 384 : 200, fp8}};
   for (const shape_case& sc : shapes) {
     low_latency_config cfg{8 * world, sc.hidden, 8, 32, sc.round_scale, std::chrono::seconds(60)};
-    ll_engines<Wire> e(boot, cfg, stream);
+    ll_engines<Wire, Link> e(boot, cfg, stream);
     e.round = sc.round_scale;
     const int max = cfg.max_tokens_per_rank, experts = cfg.num_experts;
     const std::string tag = "H=" + std::to_string(sc.hidden);
@@ -545,7 +555,8 @@ int check_ll_rank(local_bootstrap& boot, bool quick) {
 // A rank that never calls dispatch: rank 0 fails at its deadline, the others
 // through its abort relay (absent_peer.hpp), all naming it; everyone refuses
 // further calls; nobody hangs.
-inline int check_ll_absent_peer(local_bootstrap& boot) {
+template <class Link = nvlink_ipc::transport>
+int check_ll_absent_peer(local_bootstrap& boot) {
   const int rank = boot.rank(), world = boot.world_size();
   const int absent = world - 1;
   const absent_peer_plan plan{rank, absent};
@@ -553,7 +564,7 @@ inline int check_ll_absent_peer(local_bootstrap& boot) {
   const low_latency_config cfg{2 * world, 256, 2, 16, false, plan.timeout()};
   int code = 0;
   {
-    ll_device_engine<bf16> dev(boot, cfg);
+    ll_device_engine<bf16, Link> dev(boot, cfg, check_rma_memory);
     if (rank != absent) {
       const auto call = test::make_ll_call(world, 256, 2, cfg.num_experts,
                                            std::vector<int>(world, 16), test::routing::random, 31);

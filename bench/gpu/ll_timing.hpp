@@ -68,7 +68,7 @@ int time_ll_rank(local_bootstrap& boot, const ll_timing_case& tc, const timing_o
   for (auto& e : ev) cudaEventCreate(&e);
   const deadline dl = deadline::after(std::chrono::minutes(5));
   {
-    ll_device_engine<Wire> dev(boot, cfg);
+    ll_device_engine<Wire, nvlink_ipc::transport> dev(boot, cfg);
     const wire::ll::shape& s = dev.shape();
     // Random expert outputs, written once where combine reads them in place
     // (zero copy) on both parities.

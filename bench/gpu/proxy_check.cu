@@ -18,6 +18,14 @@
 #endif
 
 namespace epcomm::gpu_check {
+
+void default_to_loopback() {
+  setenv("FI_PROVIDER", "tcp;ofi_rxm", 0);
+  setenv("FI_TCP_IFACE", "lo", 0);
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_NET_DEVICES", "lo", 0);
+}
+
 namespace {
 
 constexpr std::size_t region = (1 << 20) + 24;  // per (source, destination) block
@@ -85,14 +93,6 @@ __global__ void exchange_kernel(proxy::channel ch, unsigned char* buf, int rank,
     for (std::size_t i = threadIdx.x; i < region; i += blockDim.x)
       bad += recv[s * region + i] != proxy_pattern(round, s, rank, i);
   if (bad != 0) atomicAdd(&out->mismatches, bad);
-}
-
-// Loopback, as every test of this project, unless the caller chose.
-void default_to_loopback() {
-  setenv("FI_PROVIDER", "tcp;ofi_rxm", 0);
-  setenv("FI_TCP_IFACE", "lo", 0);
-  setenv("UCX_TLS", "tcp", 0);
-  setenv("UCX_NET_DEVICES", "lo", 0);
 }
 
 template <class Transport>

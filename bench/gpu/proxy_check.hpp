@@ -21,6 +21,10 @@ struct proxy_check_outcome {
   std::string text;
 };
 
+// Loopback, as every test of this project, unless the environment already
+// chose (FI_PROVIDER, FI_TCP_IFACE, UCX_TLS, UCX_NET_DEVICES).
+void default_to_loopback();
+
 #if defined(EPCOMM_GPU_PROXY_LIBFABRIC)
 proxy_check_outcome gpu_fed_exchange_libfabric(local_bootstrap& boot);
 #endif

@@ -3,7 +3,11 @@
 // so that their waits end now, naming the root cause, instead of at their own
 // deadlines, as the host transports' abort() does. Each rank's signal array
 // ends with one word per rank, after the counters its wire format uses: word
-// s is set, once, by rank s, to 1 + the rank it blamed. Plain data, so that
+// s is set, once, by rank s, to 1 + the rank it blamed: stored with a
+// release add where peers are mapped, or, over an RMA transport (whose
+// counters live in host memory), added by the proxy through a channel kept
+// for this one use, so that its single producer is whoever sets the word.
+// Plain data, so that
 // it travels in kernel arguments and compiles without CUDA; the device side
 // is relay_abort / find_peer_abort in device_sync.cuh.
 #pragma once
@@ -13,6 +17,7 @@
 
 #include "epcomm/config.hpp"
 #include "epcomm/cuda/peer_table.hpp"
+#include "epcomm/proxy/channel.hpp"
 
 namespace epcomm::cuda {
 
@@ -21,11 +26,19 @@ struct abort_link {
   std::size_t first;              // slot of word 0
   int rank;
   int world;
+  int via_proxy;         // 0: peers' words are stored through `signals`
+  proxy::channel relay;  // via_proxy: the channel that adds to peers' words
 };
 
 // `first`: the signal slots the wire format uses, after which the words start.
 EPCOMM_HD inline abort_link make_abort_link(const peer_table& peers, std::size_t first) {
-  return {peers.signals, first, peers.rank, peers.world_size};
+  return {peers.signals, first, peers.rank, peers.world_size, 0, {}};
+}
+
+// Over an RMA transport: `peers` maps only this rank's counters.
+EPCOMM_HD inline abort_link make_abort_link(const peer_table& peers, std::size_t first,
+                                            const proxy::channel& relay) {
+  return {peers.signals, first, peers.rank, peers.world_size, 1, relay};
 }
 
 // Signal slots a device buffer asks its transport for: its wire format's,

@@ -36,11 +36,17 @@ __device__ __forceinline__ std::uint64_t now_ns() {
 
 // Tells every peer, through its abort word there, that this rank gave up
 // because of `culprit`. Called once per rank (by whoever sets `broken`).
+// The proxy's status is not checked: a proxy that fails has its own cause,
+// which the host reports, and the peers then reach their deadlines.
 __device__ inline void relay_abort(const abort_link& link, int culprit) {
+  const std::uint64_t word = static_cast<std::uint64_t>(culprit) + 1;
   for (int q = 0; q < link.world; ++q)
-    if (q != link.rank)
-      add_release(link.signals[q] + link.first + link.rank,
-                  static_cast<std::uint64_t>(culprit) + 1);
+    if (q == link.rank)
+      continue;
+    else if (link.via_proxy != 0)
+      link.relay.signal(q, link.first + link.rank, word);
+    else
+      add_release(link.signals[q] + link.first + link.rank, word);
 }
 
 // The lowest peer whose abort word is set at this rank, with the rank it

@@ -91,12 +91,17 @@ class gpu_proxy {
 
   // What a kernel gets for channel c: every pointer in it is a device address.
   proxy::channel channel(int c) const {
-    return {device_rings_.at(static_cast<std::size_t>(c)),
-            reinterpret_cast<const std::uint64_t*>(counters_.device()), timeout_ns_};
+    return {device_rings_.at(static_cast<std::size_t>(c)), device_counters(), timeout_ns_};
   }
 
   // The transport's local_buffer() as kernels address it.
   std::byte* device_buffer() const { return device_buffer_; }
+
+  // The transport's signal counters as kernels address them: kernels read
+  // them (channel::wait), only the proxy adds to them.
+  const std::uint64_t* device_counters() const {
+    return reinterpret_cast<const std::uint64_t*>(counters_.device());
+  }
 
   // The proxy's host side: failed() and rethrow() give the cause behind a
   // kernel's proxy_failed status.

@@ -1,7 +1,9 @@
 // epcomm::cuda::low_latency_device_buffer: low-latency (decode / rollout)
 // dispatch and combine with CUDA kernels as the producers, over a device
-// transport (nvlink_ipc). The protocol, the wire format (low_latency_wire.hpp)
-// and the error messages are the host engine's (low_latency.hpp): a rank
+// transport (nvlink_ipc: kernels store into peers), or over an RMA transport
+// (libfabric, UCX: kernels stage in this rank's buffer, placed in device
+// memory, and hand puts to a GPU-fed proxy, cuda/gpu_proxy.hpp). The protocol, the wire format
+// (low_latency_wire.hpp) and the error messages are the host engine's (low_latency.hpp): a rank
 // running this buffer and one running the host engine exchange the same
 // bytes. Only the producer differs: kernels on a stream instead of the
 // calling thread.
@@ -39,6 +41,7 @@
 #include <type_traits>
 
 #include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/cuda/gpu_proxy.hpp"
 #include "epcomm/cuda/low_latency_checks.hpp"
 #include "epcomm/cuda/low_latency_launch.hpp"
 #include "epcomm/cuda/low_latency_registry.hpp"
@@ -50,6 +53,7 @@
 #include "epcomm/error.hpp"
 #include "epcomm/low_latency_mode.hpp"
 #include "epcomm/low_latency_wire.hpp"
+#include "epcomm/proxy/symmetric_memory.hpp"
 #include "epcomm/receive_hook.hpp"
 #include "epcomm/require_peer_mapped.hpp"
 #include "epcomm/token_types.hpp"
@@ -94,11 +98,13 @@ struct ll_device_combine_input {
   const float* topk_weights = nullptr;     // [T][K]
 };
 
-template <device_transport Transport, class Wire = bf16>
-requires std::same_as<Wire, bf16> || std::same_as<Wire, fp8_e4m3>
-class low_latency_device_buffer {
+template <class Transport, class Wire = bf16>
+requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
+    (std::same_as<Wire, bf16> || std::same_as<Wire, fp8_e4m3>)class low_latency_device_buffer {
   static constexpr const char* dispatch_op = "low-latency dispatch";
   static constexpr const char* combine_op = "low-latency combine";
+  // Peers' memory is not mapped: the kernels go through the proxy.
+  static constexpr bool via_proxy = !device_transport<Transport>;
 
  public:
   using wire_type = Wire;
@@ -113,19 +119,28 @@ class low_latency_device_buffer {
       receive_hook<low_latency_device_buffer, const bf16*, int, std::uint64_t, cudaStream_t>;
 
   // Collective: every rank constructs its buffer with the same config, with
-  // the CUDA device it uses already current.
+  // the CUDA device it uses already current. Over an RMA transport,
+  // `rma_memory` places the symmetric buffer: in that device's memory
+  // (GPUDirect RDMA: the provider must support FI_HMEM / UCX CUDA memory;
+  // chosen as usual with FI_PROVIDER or UCX_TLS), or in host memory mapped
+  // into the device, for fabric libraries without CUDA support (kernels then
+  // read and write it over PCIe, results included). Unused over nvlink_ipc.
   template <bootstrap B>
   requires std::constructible_from<Transport, B&, std::size_t, std::size_t, deadline>
-  low_latency_device_buffer(B& boot, const low_latency_config& cfg)
+  low_latency_device_buffer(B& boot, const low_latency_config& cfg,
+                            proxy::memory_kind rma_memory = proxy::memory_kind::cuda_device)
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
         shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, device_limits(cfg, world_))),
-        plan_(wire::ll::plan_buffer(shape_)),
-        transport_(boot, plan_.total, ll_device_signal_slots(shape_), deadline::after(timeout_)) {
-    require_peer_mapped(transport_, rank_, world_, "low_latency_buffer",
-                        "the device path needs every rank in one NVLink domain");
+        plan_(wire::ll::plan_buffer(shape_, via_proxy)),
+        transport_(make_transport(boot, plan_.total, ll_device_signal_slots(shape_),
+                                  deadline::after(timeout_), timeout_, rma_memory)),
+        proxy_(transport_, timeout_) {
+    if constexpr (!via_proxy)
+      require_peer_mapped(transport_, rank_, world_, "low_latency_buffer",
+                          "the device path needs every rank in one NVLink domain");
     try {
       allocate_workspace();
     } catch (...) {
@@ -136,13 +151,21 @@ class low_latency_device_buffer {
 
   low_latency_device_buffer(const low_latency_device_buffer&) = delete;
   low_latency_device_buffer& operator=(const low_latency_device_buffer&) = delete;
-  // Work still queued on a stream must have finished (synchronize()).
-  ~low_latency_device_buffer() { release(); }
+  // Work still queued on a stream must have finished (synchronize()). Over
+  // an RMA transport, as the host engine, it first waits (bounded) for every
+  // peer's release of this rank's last dispatches, so that this rank's
+  // endpoint does not close under them.
+  ~low_latency_device_buffer() {
+    if constexpr (via_proxy) await_last_releases();
+    release();
+  }
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   const wire::ll::shape& shape() const { return shape_; }
   const wire::ll::plan& plan() const { return plan_; }
+  // The start of this rank's symmetric buffer, as kernels address it.
+  std::byte* local_device_buffer() { return local<std::byte>(0, 0); }
   Transport& transport() { return transport_; }
 
   dispatch_result dispatch(const ll_device_dispatch_input& in, cudaStream_t stream = nullptr) {
@@ -314,8 +337,69 @@ class low_latency_device_buffer {
 
   template <class T>
   T* local(int p, std::size_t offset) {
-    return reinterpret_cast<T*>(transport_.local_device_buffer().data() +
-                                wire::ll::parity_base(plan_, p) + offset);
+    std::byte* buffer;
+    if constexpr (via_proxy)
+      buffer = proxy_->device_buffer();
+    else
+      buffer = transport_.local_device_buffer().data();
+    return reinterpret_cast<T*>(buffer + wire::ll::parity_base(plan_, p) + offset);
+  }
+
+  template <class B>
+  static Transport make_transport(B& boot, std::size_t bytes, std::size_t slots, deadline dl,
+                                  std::chrono::milliseconds timeout, proxy::memory_kind memory) {
+    if constexpr (via_proxy) {
+      typename Transport::options_type opt{};
+      opt.timeout = timeout;
+      int device = 0;
+      if (memory == proxy::memory_kind::cuda_device)
+        check_cuda(cudaGetDevice(&device), boot.rank(), "low_latency_buffer", no_peer,
+                   "cudaGetDevice");
+      opt.memory = {memory, device};
+      return Transport(boot, bytes, slots, dl, opt);
+    } else {
+      return Transport(boot, bytes, slots, dl);
+    }
+  }
+
+  // The GPU-fed proxy of an RMA transport: a channel per parity and one for
+  // the abort relay; nothing for a device transport.
+  struct no_proxy {
+    no_proxy(Transport&, std::chrono::milliseconds) {}
+  };
+  template <bool rma, class = void>
+  struct proxy_of {
+    using type = no_proxy;
+  };
+  template <class Unused>
+  struct proxy_of<true, Unused> {
+    struct type {
+      type(Transport& t, std::chrono::milliseconds timeout)
+          : gp(t, {.channels = wire::ll::parities + 1, .timeout = timeout}) {}
+      gpu_proxy<Transport>* operator->() { return &gp; }
+      gpu_proxy<Transport> gp;
+    };
+  };
+  using proxy_type = typename proxy_of<via_proxy>::type;
+
+  // Over RMA: see the destructor. Skipped after a failure; bounded.
+  void await_last_releases() noexcept {
+    if (broken_ || workspace_ == nullptr) return;
+    try {
+      std::uint64_t epochs[wire::ll::parities] = {};
+      if (cudaMemcpy(epochs, ws_.dispatch_epoch, sizeof epochs, cudaMemcpyDeviceToHost) !=
+          cudaSuccess)
+        return;
+      const deadline dl = deadline::after(timeout_);
+      for (int p = 0; p < wire::ll::parities; ++p)
+        if (epochs[p] > 0)
+          for (int r = 0; r < world_; ++r)
+            if (r != rank_ || !parity_[p].dispatch_pending)
+              transport_.wait(wire::ll::released_signal(shape_, p, r), epochs[p], dl,
+                              {"low_latency_buffer teardown", r, "release of the last dispatch"});
+    } catch (const error&) {
+      // A peer failed or left meanwhile: the transport's teardown is bounded.
+    }
   }
 
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -331,7 +415,19 @@ class low_latency_device_buffer {
 
   ll_args base_args(int p, const std::string& cause) {
     ll_args a{};
-    a.peers = transport_.device_handle();
+    if constexpr (via_proxy) {
+      // Only this rank: its buffer and counters as the device addresses them
+      // (kernels only read the counters; the proxy adds to them).
+      a.peers.rank = rank_;
+      a.peers.world_size = world_;
+      a.peers.buffer[rank_] = proxy_->device_buffer();
+      a.peers.signals[rank_] = const_cast<std::uint64_t*>(proxy_->device_counters());
+      a.route.via_proxy = 1;
+      for (int q = 0; q < wire::ll::parities; ++q) a.route.parity[q] = proxy_->channel(q);
+      a.route.abort = proxy_->channel(wire::ll::parities);
+    } else {
+      a.peers = transport_.device_handle();
+    }
     a.shape = shape_;
     a.plan = plan_;
     a.ws = ws_;
@@ -439,7 +535,7 @@ class low_latency_device_buffer {
     if (r.code == ll_failure::none && r.broken == 0) return;
     const error e = r.code == ll_failure::none
                         ? error(rank_, op, no_peer, "an earlier call on this buffer failed")
-                        : to_error(r, rank_);
+                        : with_proxy_cause(to_error(r, rank_), r.code);
     if (ll_breaks_buffer(r.code) || r.broken != 0) {
       broken_ = e.what();
     } else {
@@ -449,6 +545,20 @@ class low_latency_device_buffer {
       wait_stream(stream, op);
     }
     throw e;
+  }
+
+  // A kernel sees only that the proxy failed; the engine knows why.
+  error with_proxy_cause(const error& e, ll_failure code) {
+    if constexpr (via_proxy) {
+      if (code == ll_failure::proxy && proxy_->engine().failed()) {
+        try {
+          proxy_->engine().rethrow();
+        } catch (const error& cause) {
+          return error(rank_, e.op(), cause.peer(), e.cause() + ": " + cause.what());
+        }
+      }
+    }
+    return e;
   }
 
   // One device allocation for the workspace, carved into aligned arrays.
@@ -509,6 +619,7 @@ class low_latency_device_buffer {
   wire::ll::shape shape_;
   wire::ll::plan plan_;
   Transport transport_;
+  proxy_type proxy_;  // after transport_: its engine stops before the transport closes
   parity_state parity_[wire::ll::parities];
   int next_parity_ = 0;
   int sm_count_ = 1;

@@ -8,6 +8,9 @@
 //            region, and the weights are kept for the receive phase. The last
 //            block writes each source's count word (rows sent there, or
 //            "rejected" after the reject records) and signals it (release).
+//            Over an RMA transport rows for other ranks are put by the proxy
+//            from combine_send (copied there unless y is it), then the count
+//            words, by the last block's thread 0 (low_latency_route.hpp).
 //   receive  every block waits for every expert rank's signal and reads its
 //            count word; then one block per token sums the routed rows times
 //            their weights in top-k slot order, in fp32 (weighted_add: never
@@ -24,9 +27,11 @@
 #include "epcomm/cuda/low_latency_copy.cuh"
 #include "epcomm/cuda/low_latency_dispatch.cuh"
 #include "epcomm/cuda/low_latency_launch.hpp"
+#include "epcomm/cuda/low_latency_route.hpp"
 #include "epcomm/cuda/low_latency_sync.cuh"
 #include "epcomm/cuda/low_latency_verdict.hpp"
 #include "epcomm/cuda/verdict.hpp"
+#include "epcomm/low_latency_rma.hpp"
 #include "epcomm/low_latency_wire.hpp"
 #include "epcomm/token_types.hpp"
 
@@ -102,6 +107,13 @@ __global__ void __launch_bounds__(ll_threads) ll_combine_send_kernel(ll_args a) 
       const wire::ll::source from = from_of[row];
       std::byte* dst = ll_region(a, from.rank, a.plan.combine_recv) +
                        wire::ll::combine_row(s, from.token, from.topk_slot) * row_bytes;
+      if (a.route.via_proxy != 0 && from.rank != rank) {
+        // The proxy puts the row from combine_send, where a zero-copy
+        // caller already wrote it.
+        dst = ll_region(a, rank, a.plan.combine_send) + row * row_bytes;
+        if (reinterpret_cast<const std::byte*>(a.y) == ll_region(a, rank, a.plan.combine_send))
+          continue;
+      }
       const auto* y = reinterpret_cast<const std::byte*>(a.y) + row * row_bytes;
       if constexpr (Hidden > 0)
         group_copy<static_cast<std::size_t>(Hidden) * sizeof(bf16), warp_size>(dst, y, lane);
@@ -143,9 +155,31 @@ __global__ void __launch_bounds__(ll_threads) ll_combine_send_kernel(ll_args a) 
         rows += ranges[static_cast<std::size_t>(le) * world + r].count;
     const wire::ll::count_word w{epoch, rows,
                                  valid ? wire::ll::state::ok : wire::ll::state::rejected};
-    publish_count(
-        ll_region(a, r, a.plan.combine_counts) + static_cast<std::size_t>(rank) * sizeof w,
-        ll_signal(a, r, wire::ll::combine_signal(s, p, rank)), w);
+    if (a.route.via_proxy != 0)
+      *reinterpret_cast<wire::ll::count_word*>(
+          ll_own_buffer(a) + wire::ll::combine_count_write(s, a.plan, p, rank, r).local) = w;
+    else
+      publish_count(
+          ll_region(a, r, a.plan.combine_counts) + static_cast<std::size_t>(rank) * sizeof w,
+          ll_signal(a, r, wire::ll::combine_signal(s, p, rank)), w);
+  }
+  if (a.route.via_proxy != 0) {
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const proxy::channel& ch = a.route.parity[p];
+      const bool rows_out =
+          !valid ||
+          ll_channel_ok(
+              rep, abort_link_of(a), ll_op::combine,
+              ll_push::combine_rows(
+                  ch, s, a.plan, p, rank,
+                  reinterpret_cast<const std::int32_t*>(ll_region(a, rank, a.plan.recv_count)),
+                  reinterpret_cast<const wire::ll::source*>(ll_region(a, rank, a.plan.recv_src))));
+      if (rows_out)
+        ll_channel_ok(rep, abort_link_of(a), ll_op::combine,
+                      ll_push::combine_counts(ch, s, a.plan, p, rank, !valid));
+    }
   }
   if (threadIdx.x == 0) {
     a.ws.combine_epoch[p] = epoch;

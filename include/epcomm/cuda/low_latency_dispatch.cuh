@@ -15,7 +15,10 @@
 //            region (local expert, this rank) at every destination. The last
 //            block writes the count words, each followed by its signal add
 //            (release), or, for a rejected call, the reject records and
-//            "rejected" count words.
+//            "rejected" count words. Over an RMA transport (low_latency_route.hpp)
+//            records for other ranks are staged in this rank's buffer and the
+//            last block's thread 0 hands them, and the count words, to the
+//            proxy.
 //   receive  one block per (local expert, source) region: wait for the
 //            region's signal and those of earlier sources (whose counts give
 //            the packed offset), check the count words, and unpack the
@@ -33,10 +36,12 @@
 #include "epcomm/cuda/low_latency_arith.hpp"
 #include "epcomm/cuda/low_latency_copy.cuh"
 #include "epcomm/cuda/low_latency_launch.hpp"
+#include "epcomm/cuda/low_latency_route.hpp"
 #include "epcomm/cuda/low_latency_sync.cuh"
 #include "epcomm/cuda/low_latency_verdict.hpp"
 #include "epcomm/cuda/verdict.hpp"
 #include "epcomm/fp8_scaling.hpp"
+#include "epcomm/low_latency_rma.hpp"
 #include "epcomm/low_latency_wire.hpp"
 #include "epcomm/token_types.hpp"
 
@@ -45,6 +50,11 @@ namespace epcomm::cuda::device {
 // Parity a.parity of the region at `offset` in rank r's buffer, as mapped here.
 __device__ __forceinline__ std::byte* ll_region(const ll_args& a, int r, std::size_t offset) {
   return a.peers.buffer[r] + wire::ll::parity_base(a.plan, a.parity) + offset;
+}
+
+// This rank's whole buffer; RMA offsets (low_latency_rma.hpp) start here.
+__device__ __forceinline__ std::byte* ll_own_buffer(const ll_args& a) {
+  return a.peers.buffer[a.peers.rank];
 }
 
 __device__ __forceinline__ std::uint64_t* ll_signal(const ll_args& a, int r, std::size_t slot) {
@@ -143,8 +153,12 @@ __device__ inline void aim_token(const ll_args& a, int t, int* next, std::byte**
     if (routed) {
       const int dst = static_cast<int>(e / per_rank);
       const int le = static_cast<int>(e % per_rank);
-      rec =
-          ll_region(a, dst, a.plan.dispatch_recv) + wire::ll::record_index(s, le, rank, slot) * rb;
+      // Over RMA a record for another rank is staged by destination expert.
+      rec = a.route.via_proxy != 0 && dst != rank
+                ? ll_own_buffer(a) +
+                      wire::ll::staged_record(s, a.plan, a.parity, static_cast<int>(e), slot)
+                : ll_region(a, dst, a.plan.dispatch_recv) +
+                      wire::ll::record_index(s, le, rank, slot) * rb;
       *reinterpret_cast<int4*>(rec) = make_int4(rank, t, j, 0);  // record_header{{rank, t, j}, 0}
     }
     dest[j] = rec;
@@ -167,7 +181,8 @@ __device__ void send_body(const ll_args& a, const std::byte* body, std::byte* co
 }
 
 // Writes this rank's reject record into `kind`'s slot of every rank's reject
-// region; thread 0 words the cause with describe(char* out). Block-wide.
+// region (over RMA: of its own, and into its staging for the proxy); thread
+// 0 words the cause with describe(char* out). Block-wide.
 template <class Describe>
 __device__ void post_reject_records(const ll_args& a, wire::ll::reject_kind kind,
                                     std::uint64_t epoch, Describe describe) {
@@ -182,12 +197,17 @@ __device__ void post_reject_records(const ll_args& a, wire::ll::reject_kind kind
   constexpr int vectors = sizeof(wire::ll::reject_record) / 16;
   static_assert(sizeof(wire::ll::reject_record) % 16 == 0);
   const auto* in = reinterpret_cast<const int4*>(&rec);
-  for (int i = threadIdx.x; i < world * vectors; i += blockDim.x) {
+  const wire::ll::rma_write staged =
+      wire::ll::reject_write(a.shape, a.plan, a.parity, a.peers.rank, kind, a.peers.rank);
+  const int targets = a.route.via_proxy != 0 ? 2 : world;
+  for (int i = threadIdx.x; i < targets * vectors; i += blockDim.x) {
     const int r = i / vectors;
-    auto* out = reinterpret_cast<int4*>(ll_region(a, r, a.plan.rejects) +
-                                        (static_cast<std::size_t>(kind) * world + a.peers.rank) *
-                                            sizeof(wire::ll::reject_record));
-    out[i % vectors] = in[i % vectors];
+    std::byte* at = a.route.via_proxy != 0
+                        ? ll_own_buffer(a) + (r == 0 ? staged.remote : staged.local)
+                        : ll_region(a, r, a.plan.rejects) +
+                              (static_cast<std::size_t>(kind) * world + a.peers.rank) *
+                                  sizeof(wire::ll::reject_record);
+    reinterpret_cast<int4*>(at)[i % vectors] = in[i % vectors];
   }
   // Every record before any count word that announces it.
   __threadfence_system();
@@ -237,6 +257,10 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a)
     for (int r = lane; r < world && ok; r += warp_size)
       ok = ll_wait(ll_signal(a, rank, wire::ll::released_signal(s, p, r)), epoch - 1, a.timeout_ns,
                    rep, abort_link_of(a), ll_op::dispatch, r, ll_waited_for::release);
+  // Over RMA, every put that read this parity's staging (its previous
+  // dispatch and combine) must be complete before any block writes it again.
+  if (a.route.via_proxy != 0 && threadIdx.x == 0 && ok)
+    ok = ll_channel_ok(rep, abort_link_of(a), ll_op::dispatch, a.route.parity[p].quiet());
 
   // The whole routing, read by every block: whether the call is valid must be
   // known before any record moves, and the counts of earlier tokens place
@@ -289,9 +313,22 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a)
     const int le = e % per_rank;
     const wire::ll::count_word w{epoch, valid ? total[e] : 0,
                                  valid ? wire::ll::state::ok : wire::ll::state::rejected};
-    publish_count(ll_region(a, dst, a.plan.dispatch_counts) +
-                      (static_cast<std::size_t>(le) * world + rank) * sizeof w,
-                  ll_signal(a, dst, wire::ll::dispatch_signal(s, p, le, rank)), w);
+    if (a.route.via_proxy != 0)
+      *reinterpret_cast<wire::ll::count_word*>(
+          ll_own_buffer(a) + wire::ll::dispatch_count_write(s, a.plan, p, rank, e).local) = w;
+    else
+      publish_count(ll_region(a, dst, a.plan.dispatch_counts) +
+                        (static_cast<std::size_t>(le) * world + rank) * sizeof w,
+                    ll_signal(a, dst, wire::ll::dispatch_signal(s, p, le, rank)), w);
+  }
+  if (a.route.via_proxy != 0) {
+    // What the proxy reads: written by every thread, published before the
+    // descriptors that name it.
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0)
+      ll_channel_ok(rep, abort_link_of(a), ll_op::dispatch,
+                    ll_push::dispatch(a.route.parity[p], s, a.plan, p, rank, total, !valid));
   }
   if (threadIdx.x == 0) {
     a.ws.dispatch_epoch[p] = epoch;
@@ -468,6 +505,12 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_recv_kernel(ll_args a)
   // after which a source may write this parity's regions again.
   finish_dispatch(a, epoch, self_ok);
   __syncthreads();
+  if (a.route.via_proxy != 0) {
+    if (threadIdx.x == 0)
+      ll_channel_ok(rep, abort_link_of(a), ll_op::dispatch,
+                    ll_push::release(a.route.parity[p], s, p, rank));
+    return;
+  }
   for (int r = threadIdx.x; r < world; r += blockDim.x)
     add_release(ll_signal(a, r, wire::ll::released_signal(s, p, rank)), 1);
 }

@@ -12,6 +12,7 @@
 
 #include "epcomm/config.hpp"
 #include "epcomm/cuda/low_latency_report.hpp"
+#include "epcomm/cuda/low_latency_route.hpp"
 #include "epcomm/cuda/peer_table.hpp"
 #include "epcomm/low_latency_wire.hpp"
 #include "epcomm/token_types.hpp"
@@ -45,7 +46,9 @@ struct ll_workspace {
 static_assert(std::is_trivially_copyable_v<ll_workspace>);
 
 struct ll_args {
+  // Over an RMA transport only this rank's buffer and (mapped) counters.
   peer_table peers;
+  ll_route route;
   wire::ll::shape shape;
   wire::ll::plan plan;
   ll_workspace ws;
@@ -69,6 +72,8 @@ static_assert(std::is_trivially_copyable_v<ll_args> && sizeof(ll_args) <= 4096);
 
 // Where this call's kernels relay an abort (low_latency_report.hpp).
 EPCOMM_HD inline abort_link abort_link_of(const ll_args& a) {
+  if (a.route.via_proxy != 0)
+    return make_abort_link(a.peers, ll_abort_first_slot(a.shape), a.route.abort);
   return make_abort_link(a.peers, ll_abort_first_slot(a.shape));
 }
 

@@ -17,6 +17,7 @@
 #include "epcomm/cuda/abort_link.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/low_latency_wire.hpp"
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/wire.hpp"
 
@@ -36,6 +37,9 @@ enum class ll_failure : std::int32_t {
   // Rank src_rank gave up on a breaking failure it blamed on `peer` (itself
   // when the two are equal) and told this rank: the abort relay.
   peer_aborted,
+  // Over an RMA transport: a proxy channel call returned `seen`, a
+  // proxy::channel_status other than ok.
+  proxy,
 };
 
 // What an expired wait was waiting for; the texts are the host engine's.
@@ -130,6 +134,10 @@ inline error to_error(const ll_report& r, int rank) {
       const auto b = proxy::peer_aborted(r.src_rank, r.peer, rank, ll_waited_for_text(r.what));
       return error(rank, op, b.peer, b.cause);
     }
+    case ll_failure::proxy:
+      return error(
+          rank, op, no_peer,
+          std::string("proxy: ") + proxy::to_string(static_cast<proxy::channel_status>(r.seen)));
   }
   return error(
       rank, op, r.peer,

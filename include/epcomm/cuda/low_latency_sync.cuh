@@ -9,6 +9,7 @@
 
 #include "epcomm/cuda/device_sync.cuh"
 #include "epcomm/cuda/low_latency_report.hpp"
+#include "epcomm/proxy/channel.hpp"
 
 namespace epcomm::cuda::device {
 
@@ -89,6 +90,20 @@ __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expec
       }
     }
   }
+}
+
+// Over an RMA transport: a channel call that did not succeed breaks the
+// call like a deadline (recorded and relayed). Returns whether it succeeded.
+__device__ inline bool ll_channel_ok(ll_report* rep, const abort_link& link, ll_op op,
+                                     proxy::channel_status status) {
+  if (status == proxy::channel_status::ok) return true;
+  ll_report r{};
+  r.code = ll_failure::proxy;
+  r.peer = no_peer;
+  r.op = op;
+  r.seen = static_cast<std::int64_t>(status);
+  ll_record(rep, r, link);
+  return false;
 }
 
 // The last of a kernel's blocks to get here returns true, after every

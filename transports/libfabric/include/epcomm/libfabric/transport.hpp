@@ -103,6 +103,8 @@ constexpr std::uint64_t signal_increment_of(std::uint64_t data) {
 
 class transport : public proxy::rma_transport_base {
  public:
+  using options_type = options;  // for generic code that places the buffer (cuda/)
+
   // Collective over `boot`: every rank passes the same `bytes` and
   // `signal_slots` and gets the same provider.
   template <bootstrap B>

@@ -64,6 +64,8 @@ struct options {
 
 class transport : public proxy::rma_transport_base {
  public:
+  using options_type = options;  // for generic code that places the buffer (cuda/)
+
   // Collective over `boot`: every rank passes the same `bytes` and `signal_slots`.
   template <bootstrap B>
   transport(B& boot, std::size_t bytes, std::size_t signal_slots, deadline dl,
