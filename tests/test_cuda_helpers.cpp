@@ -249,11 +249,29 @@ TEST_CASE("a relayed abort reads as the host transports' and breaks the buffer")
   peer_table peers{};
   peers.rank = 1;
   peers.world_size = 4;
-  const abort_link link = normal_abort_link(peers);
+  const abort_link link = normal_abort_link(peers, normal_route{});
   CHECK(link.first == wire::signal_slots(4));
   CHECK(link.rank == 1);
   CHECK(link.world == 4);
+  CHECK(link.via_proxy == 0);
   CHECK(with_abort_words(wire::signal_slots(4), 4) == wire::signal_slots(4) + 4);
+  // Over an RMA transport the same words, reached through the abort channel.
+  normal_route route{};
+  route.via_proxy = 1;
+  route.abort.timeout_ns = 7;
+  const abort_link relayed = normal_abort_link(peers, route);
+  CHECK(relayed.first == wire::signal_slots(4));
+  CHECK(relayed.via_proxy == 1);
+  CHECK(relayed.relay.timeout_ns == 7);
+
+  // A channel call that failed breaks the buffer, worded as the proxy's status.
+  report p{};
+  p.code = failure::proxy;
+  p.peer = no_peer;
+  p.seen = static_cast<std::int64_t>(proxy::channel_status::proxy_failed);
+  CHECK(breaks_buffer(p));
+  CHECK(std::string(to_error(p, 0, "dispatch").what()) ==
+        "epcomm: rank 0: dispatch: proxy: the proxy stopped on an error");
 }
 
 // The strongest check available without a GPU: the verdict functions the

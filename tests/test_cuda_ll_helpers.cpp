@@ -167,6 +167,15 @@ TEST_CASE("low-latency reports read as the host engine's errors") {
   r.peer = 0;
   CHECK(message(r, 0).find("peer aborted, blaming this rank, while") != std::string::npos);
 
+  // Over an RMA transport: a channel call that failed.
+  r = {};
+  r.code = ll_failure::proxy;
+  r.op = ll_op::combine;
+  r.peer = no_peer;
+  r.seen = static_cast<std::int64_t>(proxy::channel_status::ring_full);
+  CHECK(message(r, 2) ==
+        "epcomm: rank 2: low-latency combine: proxy: deadline expired with the proxy ring full");
+
   // The abort words follow the wire format's signals, one per rank.
   const wire::ll::shape s4{4, 8, 128, 2, 16, 2, false};
   CHECK(ll_abort_first_slot(s4) == wire::ll::signal_slots(s4));
@@ -174,7 +183,7 @@ TEST_CASE("low-latency reports read as the host engine's errors") {
 
   for (auto f : {ll_failure::deadline, ll_failure::count_epoch, ll_failure::reject_epoch,
                  ll_failure::count_range, ll_failure::record_source, ll_failure::rows_mismatch,
-                 ll_failure::peer_aborted})
+                 ll_failure::peer_aborted, ll_failure::proxy})
     CHECK(ll_breaks_buffer(f));
   CHECK_FALSE(ll_breaks_buffer(ll_failure::invalid_input));
   CHECK_FALSE(ll_breaks_buffer(ll_failure::peer_rejected));

@@ -3,7 +3,6 @@
 // proxy over each RMA transport; without one, every rank must refuse at
 // setup with an epcomm::error naming itself, "gpu proxy setup" and the CUDA
 // call that failed, and nothing may hang or crash.
-#include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -12,21 +11,17 @@
 #include "epcomm/bootstrap/local.hpp"
 #include "proxy_check.hpp"
 #include "support/exit_codes.hpp"
+#include "support/have_gpu.hpp"
 
 using namespace epcomm;
 
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 template <class Check>
 void run_check(const char* what, Check check) {
   const auto codes = launch_local(2, [&](local_bootstrap& boot) {
     // Asked in the rank: CUDA must not be touched before fork().
-    const bool gpu = have_gpu();
+    const bool gpu = test::have_gpu();
     const gpu_check::proxy_check_outcome out = check(boot);
     std::fprintf(stderr, "rank %d: code %d: %s\n", boot.rank(), out.code, out.text.c_str());
     if (gpu) return out.code;

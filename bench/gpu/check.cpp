@@ -14,8 +14,8 @@
 //                   against the reference and the host low-latency engine),
 //                   the absent peer, and the timing of each phase;
 //   6. gpu-fed proxy  kernels that drive libfabric and UCX through the proxy
-//                   ring (proxy_check.hpp), and the low-latency kernels over
-//                   them (ll_correctness.hpp), when those transports were built.
+//                   ring (proxy_check.hpp), and both modes' kernels over them
+//                   (quick scenarios), when those transports were built.
 //
 // Prints one table and exits non-zero if anything failed. The parent process
 // never touches CUDA: a process that forks after initialising CUDA leaves its
@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
     check(run("correctness fp32", world,
               [&](local_bootstrap& b) { return check_rank<float>(b, opt.quick); }));
     if (world >= 2)
-      check(run("absent peer: deadline, then the abort relay", world, check_absent_peer));
+      check(run("absent peer: deadline, then the abort relay", world, check_absent_peer<>));
   }
   for (int world : opt.ranks) {
     if (!opt.low_latency) break;
@@ -217,26 +217,38 @@ int main(int argc, char** argv) {
       check(run("low-latency absent peer: deadline, then the abort relay", world,
                 check_ll_absent_peer<>));
   }
-  // Low latency between nodes: the same kernels through the GPU-fed proxy
-  // (the quick scenarios; loopback unless FI_PROVIDER / UCX_TLS say otherwise).
+  // Between nodes: the same kernels through the GPU-fed proxy, both modes
+  // (their quick scenarios), on loopback unless FI_PROVIDER / UCX_TLS say
+  // otherwise.
   for (int world : opt.ranks) {
-    if (!opt.low_latency || world < 2) continue;
+    if (world < 2) continue;
 #if defined(EPCOMM_GPU_PROXY_LIBFABRIC) || defined(EPCOMM_GPU_PROXY_UCX)
     default_to_loopback();
 #endif
 #if defined(EPCOMM_GPU_PROXY_LIBFABRIC)
-    check(run("low-latency over libfabric bf16", world, [&](local_bootstrap& b) {
-      return check_ll_rank<bf16, libfabric::transport>(b, true);
-    }));
-    check(run("low-latency over libfabric fp8_e4m3", world, [&](local_bootstrap& b) {
-      return check_ll_rank<fp8_e4m3, libfabric::transport>(b, true);
-    }));
-    check(run("low-latency over libfabric: absent peer", world,
-              check_ll_absent_peer<libfabric::transport>));
+    using fabric = libfabric::transport;
+    if (opt.normal) {
+      check(run("normal over libfabric bf16", world,
+                [&](local_bootstrap& b) { return check_rank<bf16, fabric>(b, true); }));
+      check(run("normal over libfabric fp8_e4m3", world,
+                [&](local_bootstrap& b) { return check_rank<fp8_e4m3, fabric>(b, true); }));
+      check(run("normal over libfabric: absent peer", world, check_absent_peer<fabric>));
+    }
+    if (opt.low_latency) {
+      check(run("low-latency over libfabric bf16", world,
+                [&](local_bootstrap& b) { return check_ll_rank<bf16, fabric>(b, true); }));
+      check(run("low-latency over libfabric fp8_e4m3", world,
+                [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3, fabric>(b, true); }));
+      check(run("low-latency over libfabric: absent peer", world, check_ll_absent_peer<fabric>));
+    }
 #endif
 #if defined(EPCOMM_GPU_PROXY_UCX)
-    check(run("low-latency over ucx bf16", world,
-              [&](local_bootstrap& b) { return check_ll_rank<bf16, ucx::transport>(b, true); }));
+    if (opt.normal)
+      check(run("normal over ucx bf16", world,
+                [&](local_bootstrap& b) { return check_rank<bf16, ucx::transport>(b, true); }));
+    if (opt.low_latency)
+      check(run("low-latency over ucx bf16", world,
+                [&](local_bootstrap& b) { return check_ll_rank<bf16, ucx::transport>(b, true); }));
 #endif
   }
 

@@ -28,8 +28,17 @@
 
 namespace epcomm::gpu_check {
 
-template <class Token>
-using device_engine = cuda::device_buffer<nvlink_ipc::transport, Token>;
+// Link: the device engine's transport, nvlink_ipc or (through the GPU-fed
+// proxy) libfabric / UCX, whose buffer the check places in host memory
+// mapped into the device (check_rma_memory).
+template <class Token, class Link>
+using device_engine = cuda::device_buffer<Link, Token>;
+
+// Over libfabric / UCX the check places the device engines' buffers in host
+// memory mapped into the device: the fabric libraries of a stock system
+// have no CUDA support (FI_HMEM), and the protocol and the kernels' paths
+// are the same; only the bytes cross PCIe.
+inline constexpr proxy::memory_kind check_rma_memory = proxy::memory_kind::host;
 template <class Token>
 using host_engine = buffer<shm::transport, Token>;
 
@@ -134,8 +143,8 @@ downloaded<Token> download(const cuda::device_dispatch_result<Token>& r, int num
 }
 
 // Runs one scenario on both engines; returns what differs, or "".
-template <class Token>
-std::string run_scenario(int rank, device_engine<Token>& dev, host_engine<Token>& host,
+template <class Token, class Link>
+std::string run_scenario(int rank, device_engine<Token, Link>& dev, host_engine<Token>& host,
                          const scenario& sc, cudaStream_t stream) {
   using Out = combine_type_t<Token>;
   const test::shape& s = sc.shape;
@@ -179,8 +188,8 @@ std::string run_scenario(int rank, device_engine<Token>& dev, host_engine<Token>
   // The wire format itself: the notify slots every peer wrote here.
   const wire::region_plan& plan = dev.plan();
   const std::size_t notify_bytes = plan.notify_slot_bytes * s.world;
-  const auto dev_notify = device_array<std::byte>::read(
-      dev.transport().local_device_buffer().data() + plan.notify, notify_bytes);
+  const auto dev_notify =
+      device_array<std::byte>::read(dev.local_device_buffer() + plan.notify, notify_bytes);
   const std::byte* host_notify = host.transport().local_buffer().data() + plan.notify;
   if (std::memcmp(dev_notify.data(), host_notify, notify_bytes) != 0)
     return "notify slots differ from the host engine's (wire format)";
@@ -233,8 +242,8 @@ std::vector<scenario> scenarios(int world, bool quick) {
 
 // Bad input on one rank: every rank gets the host engine's error, and the
 // buffer serves the next call. Returns what went wrong, or "".
-template <class Token>
-std::string check_bad_input(int rank, device_engine<Token>& dev, host_engine<Token>& host,
+template <class Token, class Link>
+std::string check_bad_input(int rank, device_engine<Token, Link>& dev, host_engine<Token>& host,
                             cudaStream_t stream) {
   const int world = dev.world_size();
   const int experts = dev.capacity().num_experts;
@@ -269,7 +278,7 @@ std::string check_bad_input(int rank, device_engine<Token>& dev, host_engine<Tok
     return "unexpected message: " + device_message;
   // Nothing moved and every rank agreed: the next call goes through.
   const scenario ok{{world, 32, 256, 2, experts, test::routing::random, 22}};
-  if (auto e = run_scenario<Token>(rank, dev, host, ok, stream); !e.empty())
+  if (auto e = run_scenario(rank, dev, host, ok, stream); !e.empty())
     return "after the rejected call: " + e;
   return {};
 }
@@ -277,8 +286,8 @@ std::string check_bad_input(int rank, device_engine<Token>& dev, host_engine<Tok
 // The worst-case-bound path captured into a CUDA graph (dispatch, then
 // combine of precomputed expert rows) and replayed: every replay must give the
 // host engine's results, because call counters live on the device.
-template <class Token>
-std::string check_graph_replay(int rank, device_engine<Token>& dev, host_engine<Token>& host,
+template <class Token, class Link>
+std::string check_graph_replay(int rank, device_engine<Token, Link>& dev, host_engine<Token>& host,
                                cudaStream_t stream) {
   using Out = combine_type_t<Token>;
   const int world = dev.world_size();
@@ -329,7 +338,7 @@ std::string check_graph_replay(int rank, device_engine<Token>& dev, host_engine<
 }
 
 // Correctness of one token type on `world` ranks: every scenario, then bad input.
-template <class Token>
+template <class Token, class Link = nvlink_ipc::transport>
 int check_rank(local_bootstrap& boot, bool quick) {
   const int rank = boot.rank();
   use_device(rank);
@@ -344,22 +353,22 @@ int check_rank(local_bootstrap& boot, bool quick) {
   cfg.timeout = std::chrono::seconds(60);
   int failures = 0;
   {
-    device_engine<Token> dev(boot, cfg);
+    device_engine<Token, Link> dev(boot, cfg, check_rma_memory);
     host_engine<Token> host(boot, cfg);
     const char* dtype = token_traits<Token>::name.data();
     for (scenario sc : scenarios<Token>(boot.world_size(), quick)) {
       sc.shape.experts = cfg.num_experts;  // fixed by the buffer
       const std::string what = describe(sc, dtype);
-      const std::string e = run_scenario<Token>(rank, dev, host, sc, stream);
+      const std::string e = run_scenario(rank, dev, host, sc, stream);
       if (!e.empty())
         std::fprintf(stderr, "rank %d FAIL [%s]: %s\n", rank, what.c_str(), e.c_str());
       failures += !e.empty();
     }
-    std::string e = check_bad_input<Token>(rank, dev, host, stream);
+    std::string e = check_bad_input(rank, dev, host, stream);
     if (!e.empty())
       std::fprintf(stderr, "rank %d FAIL [%s bad input]: %s\n", rank, dtype, e.c_str());
     failures += !e.empty();
-    e = check_graph_replay<Token>(rank, dev, host, stream);
+    e = check_graph_replay(rank, dev, host, stream);
     if (!e.empty())
       std::fprintf(stderr, "rank %d FAIL [%s graph replay]: %s\n", rank, dtype, e.c_str());
     failures += !e.empty();
@@ -371,7 +380,8 @@ int check_rank(local_bootstrap& boot, bool quick) {
 // A rank that never calls dispatch: rank 0 fails at its deadline, the others
 // through its abort relay (absent_peer.hpp), all naming it; everyone refuses
 // further calls; nobody hangs.
-inline int check_absent_peer(local_bootstrap& boot) {
+template <class Link = nvlink_ipc::transport>
+int check_absent_peer(local_bootstrap& boot) {
   const int rank = boot.rank();
   const int absent = boot.world_size() - 1;
   const absent_peer_plan plan{rank, absent};
@@ -384,7 +394,7 @@ inline int check_absent_peer(local_bootstrap& boot) {
   cfg.timeout = plan.timeout();
   int code = 0;
   {
-    device_engine<bf16> dev(boot, cfg);
+    device_engine<bf16, Link> dev(boot, cfg, check_rma_memory);
     if (rank != absent) {
       const test::shape s{boot.world_size(),     16, 256, 2, cfg.num_experts,
                           test::routing::random, 31};

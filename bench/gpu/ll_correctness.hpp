@@ -30,12 +30,6 @@
 
 namespace epcomm::gpu_check {
 
-// Over libfabric / UCX the check places the device engine's buffer in host
-// memory mapped into the device: the fabric libraries of a stock system
-// have no CUDA support (FI_HMEM), and the protocol and the kernels' paths
-// are the same; only the bytes cross PCIe.
-inline constexpr proxy::memory_kind check_rma_memory = proxy::memory_kind::host;
-
 // Link: the device engine's transport, nvlink_ipc or (through the GPU-fed
 // proxy) libfabric / UCX.
 template <class Wire, class Link>

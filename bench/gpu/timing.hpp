@@ -167,7 +167,7 @@ int time_rank(local_bootstrap& boot, const timing_case& tc, const timing_options
   for (auto& e : ev) cudaEventCreate(&e);
   const deadline dl = deadline::after(std::chrono::minutes(5));
   {
-    device_engine<Token> dev(boot, cfg);
+    device_engine<Token, nvlink_ipc::transport> dev(boot, cfg);
     std::vector<double> d_ms, c_ms;
     cuda::device_dispatch_result<Token> res;
     for (int i = 0; i < opt.warmup + opt.iterations; ++i) {

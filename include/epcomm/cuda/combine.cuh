@@ -8,7 +8,10 @@
 //                   its source rank, into that source's combine region at
 //                   return_offset(source, rank) (the host engine's layout),
 //                   with its top-k weights; the last block publishes
-//                   (combine_data, rank) at every source;
+//                   (combine_data, rank) at every source. Over an RMA
+//                   transport (normal_route.hpp) rows for other ranks are
+//                   staged in receive order and the last block's thread 0
+//                   hands the puts, with the signal, to the proxy;
 //   combine_reduce  every block first waits, with a deadline, for
 //                   (combine_data, r) from every rank r, then one warp per
 //                   token sums bias_0, bias_1 and the returned rows in rank
@@ -24,6 +27,7 @@
 #include "epcomm/cuda/device_sync.cuh"
 #include "epcomm/cuda/dispatch.cuh"
 #include "epcomm/cuda/launch_args.hpp"
+#include "epcomm/cuda/normal_route.hpp"
 #include "epcomm/cuda/notify.cuh"
 #include "epcomm/cuda/warp_copy.cuh"
 #include "epcomm/token_types.hpp"
@@ -67,8 +71,14 @@ __global__ void __launch_bounds__(combine_threads) combine_send_kernel(combine_a
     for (int i = blockIdx.x * combine_warps + warp; i < rows; i += stride) {
       int s = 0;
       while (recv_begin[s + 1] <= i) ++s;  // ranks that sent nothing have empty ranges
-      const std::size_t row = static_cast<std::size_t>(return_row[s] + (i - recv_begin[s]));
-      if (lane == 0) target[warp] = a.peers.buffer[s] + a.plan.combine_x + row * row_bytes;
+      // Over RMA a row for another rank is staged where it was received.
+      const bool staged = a.route.via_proxy != 0 && s != rank;
+      const std::size_t row = staged
+                                  ? static_cast<std::size_t>(i)
+                                  : static_cast<std::size_t>(return_row[s] + (i - recv_begin[s]));
+      std::byte* dest = staged ? a.peers.buffer[rank] : a.peers.buffer[s];
+      if (lane == 0)
+        target[warp] = dest + (staged ? a.plan.send_combine_x : a.plan.combine_x) + row * row_bytes;
       __syncwarp();
       const auto* y = static_cast<const std::byte*>(a.y) + static_cast<std::size_t>(i) * row_bytes;
       if constexpr (Hidden > 0) {
@@ -77,15 +87,25 @@ __global__ void __launch_bounds__(combine_threads) combine_send_kernel(combine_a
         warp_copy_to_all(y, &target[warp], 1, row_bytes, row_bytes | wire::alignment, lane);
       }
       if (a.y_weights != nullptr) {
-        auto* w = reinterpret_cast<float*>(a.peers.buffer[s] + a.plan.combine_weights);
+        auto* w = reinterpret_cast<float*>(
+            dest + (staged ? a.plan.send_combine_weights : a.plan.combine_weights));
         for (int k = lane; k < k_max; k += warp_size)
           w[row * k_max + k] = a.y_weights[static_cast<std::size_t>(i) * k_max + k];
       }
       __syncwarp();
     }
   }
-  publish_when_all_done(a.peers, world, a.ws.blocks_done + 1, gridDim.x,
-                        wire::signal_kind::combine_data);
+  if (!last_sender(a.ws.blocks_done + 1, gridDim.x)) return;
+  if (a.route.via_proxy == 0) {
+    signal_all(a.peers, world, wire::signal_kind::combine_data);
+    return;
+  }
+  const int hidden = Hidden > 0 ? Hidden : a.hidden;
+  const normal_push::row_shape rs{0, 0, static_cast<std::size_t>(a.topk),
+                                  static_cast<std::size_t>(hidden) * sizeof(Out)};
+  channel_ok(rep, abort_link_of(a),
+             normal_push::combine_rows(a.route.data, a.plan, world, rank, a.ws.count_matrix, rs,
+                                       a.y_weights != nullptr, accepted));
 }
 
 template <class Out>

@@ -1,5 +1,8 @@
 // epcomm::cuda::device_buffer: normal-mode dispatch and combine with the CUDA
-// kernels as producers, over a device transport (nvlink_ipc). The protocol,
+// kernels as producers, over a device transport (nvlink_ipc: kernels store
+// into peers), or over an RMA transport (libfabric, UCX: kernels stage in
+// this rank's buffer and hand puts to the GPU-fed proxy; device_link.hpp,
+// normal_route.hpp). The protocol,
 // the wire format (wire::plan_regions, wire::signal_slot, notify_header) and
 // the error messages are the host engine's (buffer.hpp); only the producer
 // differs: kernels on a stream instead of the calling thread.
@@ -31,6 +34,7 @@
 
 #include "epcomm/bootstrap/concept.hpp"
 #include "epcomm/capacity_agreement.hpp"
+#include "epcomm/cuda/device_link.hpp"
 #include "epcomm/cuda/input_checks.hpp"
 #include "epcomm/cuda/kernel_registry.hpp"
 #include "epcomm/cuda/launch_args.hpp"
@@ -96,26 +100,35 @@ struct device_combine_input {
   const Out* bias_1 = nullptr;          // [T][H] or null
 };
 
-template <device_transport Transport, token_type Token>
+template <device_buffer_transport Transport, token_type Token>
 class device_buffer {
+  static constexpr bool via_proxy = device_link<Transport>::via_proxy;
+
  public:
   using token = Token;
   using combine_t = combine_type_t<Token>;
 
   // Collective: every rank constructs its buffer with the same config, with
-  // the CUDA device it uses already current.
+  // the CUDA device it uses already current. Over an RMA transport,
+  // `rma_memory` places the symmetric buffer: device memory (GPUDirect RDMA:
+  // FI_HMEM, UCX with CUDA) or host memory mapped into the device (fabric
+  // libraries without CUDA support; results are then read over PCIe).
   template <bootstrap B>
   requires std::constructible_from<Transport, B&, std::size_t, std::size_t, deadline> device_buffer(
-      B& boot, const buffer_config& cfg)
+      B& boot, const buffer_config& cfg,
+      proxy::memory_kind rma_memory = proxy::memory_kind::cuda_device)
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         cap_(agree_capacity<Token>(boot, cfg, timeout_)),
-        plan_(wire::plan_regions(cap_)),
-        transport_(boot, plan_.total, with_abort_words(wire::signal_slots(world_), world_),
-                   deadline::after(timeout_)) {
-    require_peer_mapped(transport_, rank_, world_, "buffer",
-                        "normal mode over this transport needs every rank in one NVLink domain");
+        plan_(wire::plan_regions(cap_, via_proxy)),
+        // One channel for the calls' puts (their kernels are stream-ordered)
+        // and one for the abort relay.
+        link_(boot, plan_.total, with_abort_words(wire::signal_slots(world_), world_), timeout_,
+              rma_memory, 2) {
+    if constexpr (!via_proxy)
+      require_peer_mapped(link_.transport(), rank_, world_, "buffer",
+                          "normal mode over this transport needs every rank in one NVLink domain");
     try {
       allocate_workspace();
     } catch (...) {
@@ -133,7 +146,9 @@ class device_buffer {
   int world_size() const { return world_; }
   const wire::capacity& capacity() const { return cap_; }
   const wire::region_plan& plan() const { return plan_; }
-  Transport& transport() { return transport_; }
+  Transport& transport() { return link_.transport(); }
+  // The start of this rank's symmetric buffer, as kernels address it.
+  std::byte* local_device_buffer() { return link_.local_buffer(); }
 
   device_dispatch_result<Token> dispatch(const device_dispatch_input<Token>& in,
                                          const dispatch_options& opt = {},
@@ -143,7 +158,8 @@ class device_buffer {
         cap_, {in.num_tokens, in.hidden, in.topk, opt.worst_case_recv_tokens, in.x != nullptr,
                in.x_scales != nullptr, in.topk_idx != nullptr, in.topk_weights != nullptr});
     dispatch_args a{};
-    a.peers = transport_.device_handle();
+    a.peers = link_.peers();
+    a.route = route();
     a.plan = plan_;
     a.ws = ws_;
     a.x = in.x;
@@ -170,7 +186,7 @@ class device_buffer {
     launch("dispatch", k.dispatch(a, stream), stream);
 
     device_dispatch_result<Token> res;
-    const std::byte* base = transport_.local_device_buffer().data();
+    const std::byte* base = link_.local_buffer();
     res.recv_x = reinterpret_cast<const Token*>(base + plan_.recv_x);
     if constexpr (token_traits<Token>::has_scales)
       res.recv_x_scales = reinterpret_cast<const float*>(base + plan_.recv_scales);
@@ -209,7 +225,8 @@ class device_buffer {
               " of this buffer, whose device state holds dispatch " + std::to_string(sequence_) +
               " (a device handle is valid until the next dispatch)";
     combine_args a{};
-    a.peers = transport_.device_handle();
+    a.peers = link_.peers();
+    a.route = route();
     a.plan = plan_;
     a.ws = ws_;
     a.y = in.y;
@@ -244,6 +261,12 @@ class device_buffer {
   }
 
  private:
+  normal_route route() const {
+    normal_route r{};
+    if constexpr (via_proxy) r = {1, link_.channel(0), link_.channel(1)};
+    return r;
+  }
+
   static void copy_cause(char (&out)[wire::cause_bytes], const std::string& cause) {
     std::memset(out, 0, sizeof out);
     std::memcpy(out, cause.data(), std::min(cause.size(), sizeof out - 1));
@@ -323,7 +346,8 @@ class device_buffer {
     if (r.code == failure::none && r.broken == 0) return;
     const error e = r.code == failure::none
                         ? error(rank_, op, no_peer, "an earlier call on this buffer timed out")
-                        : to_error(r, rank_, op);
+                    : r.code == failure::proxy ? link_.with_proxy_cause(to_error(r, rank_, op))
+                                               : to_error(r, rank_, op);
     if (breaks_buffer(r) || r.broken != 0) {
       broken_ = e.what();
     } else {
@@ -398,7 +422,7 @@ class device_buffer {
   std::chrono::milliseconds timeout_;
   wire::capacity cap_;
   wire::region_plan plan_;
-  Transport transport_;
+  device_link<Transport> link_;
   int sm_count_ = 1;
   void* workspace_ = nullptr;
   workspace ws_{};

@@ -103,6 +103,19 @@ __device__ inline void report_verdict(report* rep, const report& r) {
   atomicExch(reinterpret_cast<int*>(&rep->code), static_cast<int>(r.code));
 }
 
+// Over an RMA transport: a channel call that did not succeed breaks the call
+// like a deadline (recorded and relayed). Returns whether it succeeded.
+__device__ inline bool channel_ok(report* rep, const abort_link& link,
+                                  proxy::channel_status status) {
+  if (status == proxy::channel_status::ok) return true;
+  report r{};
+  r.code = failure::proxy;
+  r.peer = no_peer;
+  r.seen = static_cast<std::int64_t>(status);
+  report_breaking(rep, link, link.rank, r);
+  return false;
+}
+
 // Spins until *counter >= expected (acquire). Returns false, without hanging,
 // when timeout_ns pass first (recorded, attributed to `peer`), when a peer
 // aborted (recorded, and relayed on), or when another thread of this rank

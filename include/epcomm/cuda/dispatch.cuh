@@ -11,6 +11,10 @@
 //                   source s, while the others pad the rows past the received
 //                   count up to the caller's worst-case bound.
 //
+// Over an RMA transport (normal_route.hpp) rows for other ranks are staged
+// by destination in this rank's buffer and the last sender block's thread 0
+// hands the puts, which carry the data signal, to the proxy.
+//
 // After a rejected notify round the senders move nothing but still publish,
 // and the receiver still waits: that is the host engine's "agreement to
 // reject" round, which keeps a fast rank from overwriting slots a slow one
@@ -23,6 +27,7 @@
 #include "epcomm/count_matrix.hpp"
 #include "epcomm/cuda/device_sync.cuh"
 #include "epcomm/cuda/launch_args.hpp"
+#include "epcomm/cuda/normal_route.hpp"
 #include "epcomm/cuda/warp_copy.cuh"
 #include "epcomm/layout.hpp"
 #include "epcomm/token_types.hpp"
@@ -68,13 +73,22 @@ __device__ __forceinline__ int collect_destinations(const dispatch_args& a, int 
   return n;
 }
 
-// Points d.addr[j] at row d.row[j] of the array at `offset` in rank d.rank[j]'s
-// buffer, rows of row_bytes each.
-__device__ __forceinline__ void aim(const dispatch_args& a, destinations d, int n,
-                                    std::size_t offset, std::size_t row_bytes, int lane) {
+// Where rows bound for rank r go: the array at `recv` in r's buffer, or,
+// over RMA for another rank, its staging at `send` in this rank's.
+__device__ __forceinline__ std::byte* row_array(const dispatch_args& a, int r, std::size_t recv,
+                                                std::size_t send) {
+  if (a.route.via_proxy != 0 && r != a.peers.rank) return a.peers.buffer[a.peers.rank] + send;
+  return a.peers.buffer[r] + recv;
+}
+
+// Points d.addr[j] at row d.row[j] of rank d.rank[j]'s array (row_array),
+// rows of row_bytes each.
+__device__ __forceinline__ void aim(const dispatch_args& a, destinations d, int n, std::size_t recv,
+                                    std::size_t send, std::size_t row_bytes, int lane) {
   __syncwarp();  // every lane is done with the previous addresses
   for (int j = lane; j < n; j += warp_size)
-    d.addr[j] = a.peers.buffer[d.rank[j]] + offset + static_cast<std::size_t>(d.row[j]) * row_bytes;
+    d.addr[j] =
+        row_array(a, d.rank[j], recv, send) + static_cast<std::size_t>(d.row[j]) * row_bytes;
   __syncwarp();
 }
 
@@ -87,7 +101,7 @@ __device__ void send_token(const dispatch_args& a, int world, int t, const int* 
   const std::size_t row_bytes = static_cast<std::size_t>(hidden) * sizeof(Token);
   const auto* x = static_cast<const std::byte*>(a.x) + static_cast<std::size_t>(t) * row_bytes;
 
-  aim(a, d, n, a.plan.recv_x, row_bytes, lane);
+  aim(a, d, n, a.plan.recv_x, a.plan.send_x, row_bytes, lane);
   if constexpr (Hidden > 0) {
     warp_copy_to_all<static_cast<std::size_t>(Hidden) * sizeof(Token)>(x, d.addr, n, lane);
   } else {
@@ -96,7 +110,7 @@ __device__ void send_token(const dispatch_args& a, int world, int t, const int* 
 
   if constexpr (token_traits<Token>::has_scales) {
     const std::size_t scale_bytes = static_cast<std::size_t>(hidden / 128) * sizeof(float);
-    aim(a, d, n, a.plan.recv_scales, scale_bytes, lane);
+    aim(a, d, n, a.plan.recv_scales, a.plan.send_scales, scale_bytes, lane);
     warp_copy_to_all(reinterpret_cast<const std::byte*>(a.x_scales) + t * scale_bytes, d.addr, n,
                      scale_bytes, scale_bytes | wire::alignment, lane);
   }
@@ -112,28 +126,33 @@ __device__ void send_token(const dispatch_args& a, int world, int t, const int* 
     const std::size_t at = static_cast<std::size_t>(d.row[j]) * k_max + k;
     const std::int64_t local =
         local_expert_id(a.topk_idx[static_cast<std::size_t>(t) * k_max + k], d.rank[j], per_rank);
-    std::byte* base = a.peers.buffer[d.rank[j]];
-    reinterpret_cast<std::int64_t*>(base + a.plan.recv_topk_idx)[at] = local;
-    reinterpret_cast<float*>(base + a.plan.recv_weights)[at] =
+    reinterpret_cast<std::int64_t*>(
+        row_array(a, d.rank[j], a.plan.recv_topk_idx, a.plan.send_topk_idx))[at] = local;
+    reinterpret_cast<float*>(
+        row_array(a, d.rank[j], a.plan.recv_weights, a.plan.send_weights))[at] =
         local >= 0 ? a.topk_weights[static_cast<std::size_t>(t) * k_max + k] : 0.0f;
   }
   for (int j = lane; j < n; j += warp_size)
-    reinterpret_cast<std::int32_t*>(a.peers.buffer[d.rank[j]] + a.plan.recv_src_idx)[d.row[j]] = t;
+    reinterpret_cast<std::int32_t*>(
+        row_array(a, d.rank[j], a.plan.recv_src_idx, a.plan.send_src_idx))[d.row[j]] = t;
   __syncwarp();
 }
 
-// The last of `senders` blocks to get here publishes signal `kind` of this
-// rank at every peer. Each block fences its own (remote) stores first, so
-// they are ordered before the counter update the last block observes.
-__device__ inline void publish_when_all_done(const peer_table& peers, int world,
-                                             std::uint32_t* blocks_done, unsigned senders,
-                                             wire::signal_kind kind) {
+// True in thread 0 of the last of `senders` blocks to get here, which then
+// publishes for all of them. Each block fences its own (remote) stores
+// first, so they are ordered before whatever the last block does next.
+__device__ inline bool last_sender(std::uint32_t* blocks_done, unsigned senders) {
   __syncthreads();
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0) return false;
   __threadfence_system();
-  if (atomicAdd(blocks_done, 1u) != senders - 1) return;
+  if (atomicAdd(blocks_done, 1u) != senders - 1) return false;
   __threadfence_system();
   *blocks_done = 0;  // the next launch is stream-ordered after this one
+  return true;
+}
+
+// Signal `kind` of this rank at every peer, with release adds.
+__device__ inline void signal_all(const peer_table& peers, int world, wire::signal_kind kind) {
   for (int p = 0; p < world; ++p)
     add_release(peers.signals[p] + wire::signal_slot(kind, peers.rank, world), 1);
 }
@@ -182,8 +201,12 @@ __global__ void __launch_bounds__(dispatch_threads) dispatch_kernel(dispatch_arg
     return;
   }
 
+  // First row per destination: its final row there, or over RMA, for other
+  // ranks, the first staged row.
   for (int r = threadIdx.x; r < world; r += blockDim.x)
-    dest_base[r] = recv_offset(a.ws.count_matrix, world, rank, r);
+    dest_base[r] = a.route.via_proxy != 0 && r != rank
+                       ? normal_push::staged_row(a.ws.count_matrix, world, rank, r)
+                       : recv_offset(a.ws.count_matrix, world, rank, r);
   __syncthreads();
 
   if (accepted) {
@@ -195,7 +218,18 @@ __global__ void __launch_bounds__(dispatch_threads) dispatch_kernel(dispatch_arg
     for (int t = blockIdx.x * dispatch_warps + warp; t < a.num_tokens; t += stride)
       send_token<Token, Ranks, Hidden>(a, world, t, dest_base, d, lane);
   }
-  publish_when_all_done(a.peers, world, a.ws.blocks_done, senders, wire::signal_kind::data);
+  if (!last_sender(a.ws.blocks_done, senders)) return;
+  if (a.route.via_proxy == 0) {
+    signal_all(a.peers, world, wire::signal_kind::data);
+    return;
+  }
+  const int hidden = Hidden > 0 ? Hidden : a.hidden;
+  const normal_push::row_shape rs{
+      static_cast<std::size_t>(hidden) * sizeof(Token),
+      token_traits<Token>::has_scales ? static_cast<std::size_t>(hidden / 128) * sizeof(float) : 0,
+      static_cast<std::size_t>(a.topk), 0};
+  channel_ok(rep, abort_link_of(a),
+             normal_push::rows(a.route.data, a.plan, world, rank, a.ws.count_matrix, rs, accepted));
 }
 
 }  // namespace epcomm::cuda::device

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "epcomm/cuda/abort_link.hpp"
+#include "epcomm/cuda/normal_route.hpp"
 #include "epcomm/cuda/peer_table.hpp"
 #include "epcomm/cuda/report.hpp"
 #include "epcomm/wire.hpp"
@@ -34,7 +35,8 @@ struct workspace {
 static_assert(std::is_trivially_copyable_v<workspace>);
 
 struct dispatch_args {
-  peer_table peers;
+  peer_table peers;  // over an RMA transport only this rank's buffer and (mapped) counters
+  normal_route route;
   wire::region_plan plan;
   workspace ws;
   const void* x;                 // [T][H] Token
@@ -57,6 +59,7 @@ struct dispatch_args {
 
 struct combine_args {
   peer_table peers;
+  normal_route route;
   wire::region_plan plan;
   workspace ws;
   const void* y;           // [y_rows][H] combine elements
@@ -76,14 +79,16 @@ struct combine_args {
 
 // Where a normal-mode call's kernels relay an abort (abort_link.hpp): the
 // words follow the wire format's signal slots.
-EPCOMM_HD inline abort_link normal_abort_link(const peer_table& peers) {
-  return make_abort_link(peers, wire::signal_slots(peers.world_size));
+EPCOMM_HD inline abort_link normal_abort_link(const peer_table& peers, const normal_route& route) {
+  const std::size_t first = wire::signal_slots(peers.world_size);
+  if (route.via_proxy != 0) return make_abort_link(peers, first, route.abort);
+  return make_abort_link(peers, first);
 }
 EPCOMM_HD inline abort_link abort_link_of(const dispatch_args& a) {
-  return normal_abort_link(a.peers);
+  return normal_abort_link(a.peers, a.route);
 }
 EPCOMM_HD inline abort_link abort_link_of(const combine_args& a) {
-  return normal_abort_link(a.peers);
+  return normal_abort_link(a.peers, a.route);
 }
 
 static_assert(std::is_trivially_copyable_v<dispatch_args> && sizeof(dispatch_args) <= 4096);

@@ -41,7 +41,7 @@
 #include <type_traits>
 
 #include "epcomm/bootstrap/concept.hpp"
-#include "epcomm/cuda/gpu_proxy.hpp"
+#include "epcomm/cuda/device_link.hpp"
 #include "epcomm/cuda/low_latency_checks.hpp"
 #include "epcomm/cuda/low_latency_launch.hpp"
 #include "epcomm/cuda/low_latency_registry.hpp"
@@ -98,13 +98,12 @@ struct ll_device_combine_input {
   const float* topk_weights = nullptr;     // [T][K]
 };
 
-template <class Transport, class Wire = bf16>
-requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
-    (std::same_as<Wire, bf16> || std::same_as<Wire, fp8_e4m3>)class low_latency_device_buffer {
+template <device_buffer_transport Transport, class Wire = bf16>
+requires std::same_as<Wire, bf16> || std::same_as<Wire, fp8_e4m3>
+class low_latency_device_buffer {
   static constexpr const char* dispatch_op = "low-latency dispatch";
   static constexpr const char* combine_op = "low-latency combine";
-  // Peers' memory is not mapped: the kernels go through the proxy.
-  static constexpr bool via_proxy = !device_transport<Transport>;
+  static constexpr bool via_proxy = device_link<Transport>::via_proxy;
 
  public:
   using wire_type = Wire;
@@ -135,11 +134,11 @@ requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
         round_scale_(cfg.round_scale),
         shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, device_limits(cfg, world_))),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
-        transport_(make_transport(boot, plan_.total, ll_device_signal_slots(shape_),
-                                  deadline::after(timeout_), timeout_, rma_memory)),
-        proxy_(transport_, timeout_) {
+        // A channel per parity, and one for the abort relay.
+        link_(boot, plan_.total, ll_device_signal_slots(shape_), timeout_, rma_memory,
+              wire::ll::parities + 1) {
     if constexpr (!via_proxy)
-      require_peer_mapped(transport_, rank_, world_, "low_latency_buffer",
+      require_peer_mapped(link_.transport(), rank_, world_, "low_latency_buffer",
                           "the device path needs every rank in one NVLink domain");
     try {
       allocate_workspace();
@@ -166,7 +165,7 @@ requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
   const wire::ll::plan& plan() const { return plan_; }
   // The start of this rank's symmetric buffer, as kernels address it.
   std::byte* local_device_buffer() { return local<std::byte>(0, 0); }
-  Transport& transport() { return transport_; }
+  Transport& transport() { return link_.transport(); }
 
   dispatch_result dispatch(const ll_device_dispatch_input& in, cudaStream_t stream = nullptr) {
     return dispatch_send(in, stream)();
@@ -337,50 +336,8 @@ requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
 
   template <class T>
   T* local(int p, std::size_t offset) {
-    std::byte* buffer;
-    if constexpr (via_proxy)
-      buffer = proxy_->device_buffer();
-    else
-      buffer = transport_.local_device_buffer().data();
-    return reinterpret_cast<T*>(buffer + wire::ll::parity_base(plan_, p) + offset);
+    return reinterpret_cast<T*>(link_.local_buffer() + wire::ll::parity_base(plan_, p) + offset);
   }
-
-  template <class B>
-  static Transport make_transport(B& boot, std::size_t bytes, std::size_t slots, deadline dl,
-                                  std::chrono::milliseconds timeout, proxy::memory_kind memory) {
-    if constexpr (via_proxy) {
-      typename Transport::options_type opt{};
-      opt.timeout = timeout;
-      int device = 0;
-      if (memory == proxy::memory_kind::cuda_device)
-        check_cuda(cudaGetDevice(&device), boot.rank(), "low_latency_buffer", no_peer,
-                   "cudaGetDevice");
-      opt.memory = {memory, device};
-      return Transport(boot, bytes, slots, dl, opt);
-    } else {
-      return Transport(boot, bytes, slots, dl);
-    }
-  }
-
-  // The GPU-fed proxy of an RMA transport: a channel per parity and one for
-  // the abort relay; nothing for a device transport.
-  struct no_proxy {
-    no_proxy(Transport&, std::chrono::milliseconds) {}
-  };
-  template <bool rma, class = void>
-  struct proxy_of {
-    using type = no_proxy;
-  };
-  template <class Unused>
-  struct proxy_of<true, Unused> {
-    struct type {
-      type(Transport& t, std::chrono::milliseconds timeout)
-          : gp(t, {.channels = wire::ll::parities + 1, .timeout = timeout}) {}
-      gpu_proxy<Transport>* operator->() { return &gp; }
-      gpu_proxy<Transport> gp;
-    };
-  };
-  using proxy_type = typename proxy_of<via_proxy>::type;
 
   // Over RMA: see the destructor. Skipped after a failure; bounded.
   void await_last_releases() noexcept {
@@ -395,8 +352,9 @@ requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
         if (epochs[p] > 0)
           for (int r = 0; r < world_; ++r)
             if (r != rank_ || !parity_[p].dispatch_pending)
-              transport_.wait(wire::ll::released_signal(shape_, p, r), epochs[p], dl,
-                              {"low_latency_buffer teardown", r, "release of the last dispatch"});
+              link_.transport().wait(
+                  wire::ll::released_signal(shape_, p, r), epochs[p], dl,
+                  {"low_latency_buffer teardown", r, "release of the last dispatch"});
     } catch (const error&) {
       // A peer failed or left meanwhile: the transport's teardown is bounded.
     }
@@ -415,18 +373,11 @@ requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
 
   ll_args base_args(int p, const std::string& cause) {
     ll_args a{};
+    a.peers = link_.peers();
     if constexpr (via_proxy) {
-      // Only this rank: its buffer and counters as the device addresses them
-      // (kernels only read the counters; the proxy adds to them).
-      a.peers.rank = rank_;
-      a.peers.world_size = world_;
-      a.peers.buffer[rank_] = proxy_->device_buffer();
-      a.peers.signals[rank_] = const_cast<std::uint64_t*>(proxy_->device_counters());
       a.route.via_proxy = 1;
-      for (int q = 0; q < wire::ll::parities; ++q) a.route.parity[q] = proxy_->channel(q);
-      a.route.abort = proxy_->channel(wire::ll::parities);
-    } else {
-      a.peers = transport_.device_handle();
+      for (int q = 0; q < wire::ll::parities; ++q) a.route.parity[q] = link_.channel(q);
+      a.route.abort = link_.channel(wire::ll::parities);
     }
     a.shape = shape_;
     a.plan = plan_;
@@ -535,7 +486,8 @@ requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
     if (r.code == ll_failure::none && r.broken == 0) return;
     const error e = r.code == ll_failure::none
                         ? error(rank_, op, no_peer, "an earlier call on this buffer failed")
-                        : with_proxy_cause(to_error(r, rank_), r.code);
+                    : r.code == ll_failure::proxy ? link_.with_proxy_cause(to_error(r, rank_))
+                                                  : to_error(r, rank_);
     if (ll_breaks_buffer(r.code) || r.broken != 0) {
       broken_ = e.what();
     } else {
@@ -545,20 +497,6 @@ requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
       wait_stream(stream, op);
     }
     throw e;
-  }
-
-  // A kernel sees only that the proxy failed; the engine knows why.
-  error with_proxy_cause(const error& e, ll_failure code) {
-    if constexpr (via_proxy) {
-      if (code == ll_failure::proxy && proxy_->engine().failed()) {
-        try {
-          proxy_->engine().rethrow();
-        } catch (const error& cause) {
-          return error(rank_, e.op(), cause.peer(), e.cause() + ": " + cause.what());
-        }
-      }
-    }
-    return e;
   }
 
   // One device allocation for the workspace, carved into aligned arrays.
@@ -618,8 +556,7 @@ requires(device_transport<Transport> || gpu_fed_transport<Transport>) &&
   bool round_scale_;
   wire::ll::shape shape_;
   wire::ll::plan plan_;
-  Transport transport_;
-  proxy_type proxy_;  // after transport_: its engine stops before the transport closes
+  device_link<Transport> link_;
   parity_state parity_[wire::ll::parities];
   int next_parity_ = 0;
   int sm_count_ = 1;

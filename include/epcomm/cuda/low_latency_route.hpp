@@ -21,6 +21,7 @@
 #include "epcomm/low_latency_rma.hpp"
 #include "epcomm/low_latency_wire.hpp"
 #include "epcomm/proxy/channel.hpp"
+#include "epcomm/proxy/push_or_return.hpp"
 
 namespace epcomm::cuda {
 
@@ -35,15 +36,9 @@ struct ll_route {
 
 static_assert(std::is_trivially_copyable_v<ll_route>);
 
-namespace ll_push {
-
-// Each function pushes its descriptors in order and stops at the first
+// Each push function pushes its descriptors in order and stops at the first
 // status other than ok, which it returns.
-#define EPCOMM_LL_PUSH(call)                                \
-  do {                                                      \
-    const proxy::channel_status pushed = (call);            \
-    if (pushed != proxy::channel_status::ok) return pushed; \
-  } while (false)
+namespace ll_push {
 
 template <class Channel>
 EPCOMM_HD proxy::channel_status put(const Channel& ch, const wire::ll::rma_write& w) {
@@ -67,12 +62,12 @@ EPCOMM_HD proxy::channel_status dispatch(const Channel& ch, const wire::ll::shap
   const int el = s.local_experts();
   for (int r = 0; r < s.world_size; ++r) {
     if (rejected && r != rank)
-      EPCOMM_LL_PUSH(
+      EPCOMM_PUSH_OR_RETURN(
           put(ch, wire::ll::reject_write(s, pl, parity, rank, wire::ll::reject_kind::dispatch, r)));
     for (int e = r * el; e < (r + 1) * el; ++e) {
       if (!rejected && r != rank && counts[e] > 0)
-        EPCOMM_LL_PUSH(put(ch, wire::ll::records_write(s, pl, parity, rank, e, counts[e])));
-      EPCOMM_LL_PUSH(put_signal(ch, wire::ll::dispatch_count_write(s, pl, parity, rank, e)));
+        EPCOMM_PUSH_OR_RETURN(put(ch, wire::ll::records_write(s, pl, parity, rank, e, counts[e])));
+      EPCOMM_PUSH_OR_RETURN(put_signal(ch, wire::ll::dispatch_count_write(s, pl, parity, rank, e)));
     }
   }
   return proxy::channel_status::ok;
@@ -90,7 +85,8 @@ EPCOMM_HD proxy::channel_status combine_rows(const Channel& ch, const wire::ll::
     const std::size_t first = static_cast<std::size_t>(le) * s.rows_per_expert();
     for (std::size_t row = first; row < first + static_cast<std::size_t>(recv_count[le]); ++row)
       if (recv_src[row].rank != rank)
-        EPCOMM_LL_PUSH(put(ch, wire::ll::combine_row_write(s, pl, parity, row, recv_src[row])));
+        EPCOMM_PUSH_OR_RETURN(
+            put(ch, wire::ll::combine_row_write(s, pl, parity, row, recv_src[row])));
   }
   return proxy::channel_status::ok;
 }
@@ -103,9 +99,9 @@ EPCOMM_HD proxy::channel_status combine_counts(const Channel& ch, const wire::ll
                                                bool rejected) {
   for (int r = 0; r < s.world_size; ++r) {
     if (rejected && r != rank)
-      EPCOMM_LL_PUSH(
+      EPCOMM_PUSH_OR_RETURN(
           put(ch, wire::ll::reject_write(s, pl, parity, rank, wire::ll::reject_kind::combine, r)));
-    EPCOMM_LL_PUSH(put_signal(ch, wire::ll::combine_count_write(s, pl, parity, rank, r)));
+    EPCOMM_PUSH_OR_RETURN(put_signal(ch, wire::ll::combine_count_write(s, pl, parity, rank, r)));
   }
   return proxy::channel_status::ok;
 }
@@ -116,11 +112,9 @@ template <class Channel>
 EPCOMM_HD proxy::channel_status release(const Channel& ch, const wire::ll::shape& s, int parity,
                                         int rank) {
   for (int r = 0; r < s.world_size; ++r)
-    EPCOMM_LL_PUSH(ch.signal(r, wire::ll::released_signal(s, parity, rank), 1));
+    EPCOMM_PUSH_OR_RETURN(ch.signal(r, wire::ll::released_signal(s, parity, rank), 1));
   return proxy::channel_status::ok;
 }
-
-#undef EPCOMM_LL_PUSH
 
 }  // namespace ll_push
 }  // namespace epcomm::cuda

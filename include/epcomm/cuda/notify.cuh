@@ -9,6 +9,10 @@
 //                    waits for all R, and judges them (judge_combine).
 //
 // One block: R is at most peer_table::max_ranks, so thread p talks to peer p.
+// Over an RMA transport (normal_route.hpp) the slots are staged in this
+// rank's buffer and thread 0 hands the puts to the proxy, after waiting
+// until every put of the previous call is complete: each round of a call
+// writes staging those puts may still read.
 // Call counters (epochs) live in device memory, so a captured graph stays in
 // step with its peers on every replay.
 #pragma once
@@ -17,6 +21,7 @@
 
 #include "epcomm/cuda/device_sync.cuh"
 #include "epcomm/cuda/launch_args.hpp"
+#include "epcomm/cuda/normal_route.hpp"
 #include "epcomm/cuda/verdict.hpp"
 #include "epcomm/wire.hpp"
 
@@ -34,6 +39,17 @@ __device__ __forceinline__ void store_header(std::byte* slot, const Header& h) {
   for (std::size_t i = 0; i < sizeof(Header) / 4; ++i) dst[i] = src[i];
 }
 
+// Over RMA: thread 0 waits until the proxy completed every put pushed so far,
+// so that the staging may be written again. Block-wide; false on failure.
+template <class Args>
+__device__ inline bool staging_free(const Args& a, report* rep) {
+  __shared__ int quiet;
+  if (threadIdx.x == 0)
+    quiet = a.route.via_proxy == 0 || channel_ok(rep, abort_link_of(a), a.route.data.quiet());
+  __syncthreads();
+  return quiet != 0;
+}
+
 // Every thread calls this after its waits; true when all of them succeeded.
 __device__ __forceinline__ bool all_waits_succeeded(bool mine) {
   return __syncthreads_and(mine ? 1 : 0) != 0;
@@ -49,6 +65,8 @@ __global__ void __launch_bounds__(notify_threads) notify_kernel(dispatch_args a)
   const int rank = a.peers.rank;
   const int per_rank = a.num_experts / world;
   const std::size_t slot_bytes = a.plan.notify_slot_bytes;
+  const bool rma = a.route.via_proxy != 0;
+  if (!staging_free(a, rep)) return;
 
   if (threadIdx.x == 0) {
     epoch = ++*a.ws.dispatch_epoch;
@@ -79,13 +97,25 @@ __global__ void __launch_bounds__(notify_threads) notify_kernel(dispatch_args a)
   // A rejected input posts zero counts, as the host engine does.
   const bool valid = hdr.state == wire::status::ok;
   for (int p = threadIdx.x; p < world; p += blockDim.x) {
-    std::byte* slot = a.peers.buffer[p] + a.plan.notify + slot_bytes * rank;
+    std::byte* slot = rma ? a.peers.buffer[rank] + a.plan.send_notify + slot_bytes * p
+                          : a.peers.buffer[p] + a.plan.notify + slot_bytes * rank;
     store_header(slot, hdr);
     auto* counts = reinterpret_cast<std::int32_t*>(slot + sizeof(wire::notify_header));
     for (int r = 0; r < world; ++r) counts[r] = valid ? a.ws.tokens_per_rank[r] : 0;
     for (int e = 0; e < per_rank; ++e)
       counts[world + e] = valid ? a.ws.tokens_per_expert[p * per_rank + e] : 0;
-    add_release(a.peers.signals[p] + wire::signal_slot(wire::signal_kind::notify, rank, world), 1);
+    if (!rma)
+      add_release(a.peers.signals[p] + wire::signal_slot(wire::signal_kind::notify, rank, world),
+                  1);
+  }
+  if (rma) {
+    __threadfence_system();  // the staged slots, before the puts that read them
+    __syncthreads();
+    if (threadIdx.x == 0)
+      channel_ok(rep, abort_link_of(a),
+                 normal_push::notify(
+                     a.route.data, a.plan, world, rank,
+                     sizeof(wire::notify_header) + sizeof(std::int32_t) * (world + per_rank)));
   }
 
   bool ok = true;
@@ -129,6 +159,8 @@ __global__ void __launch_bounds__(notify_threads) combine_ready_kernel(combine_a
   const int world = Ranks > 0 ? Ranks : a.peers.world_size;
   const int rank = a.peers.rank;
   const std::size_t slot_bytes = a.plan.combine_status_slot_bytes;
+  const bool rma = a.route.via_proxy != 0;
+  if (!staging_free(a, rep)) return;
 
   if (threadIdx.x == 0) {
     epoch = ++*a.ws.combine_epoch;
@@ -148,10 +180,19 @@ __global__ void __launch_bounds__(notify_threads) combine_ready_kernel(combine_a
   }
   __syncthreads();
 
-  for (int p = threadIdx.x; p < world; p += blockDim.x) {
-    store_header(a.peers.buffer[p] + a.plan.combine_status + slot_bytes * rank, hdr);
-    add_release(
-        a.peers.signals[p] + wire::signal_slot(wire::signal_kind::combine_ready, rank, world), 1);
+  if (rma) {
+    if (threadIdx.x == 0) {
+      store_header(a.peers.buffer[rank] + a.plan.send_combine_status, hdr);
+      __threadfence_system();
+      channel_ok(rep, abort_link_of(a),
+                 normal_push::combine_status(a.route.data, a.plan, world, rank, sizeof hdr));
+    }
+  } else {
+    for (int p = threadIdx.x; p < world; p += blockDim.x) {
+      store_header(a.peers.buffer[p] + a.plan.combine_status + slot_bytes * rank, hdr);
+      add_release(
+          a.peers.signals[p] + wire::signal_slot(wire::signal_kind::combine_ready, rank, world), 1);
+    }
   }
 
   bool ok = true;

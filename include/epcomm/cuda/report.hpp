@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "epcomm/error.hpp"
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/peer_abort.hpp"
 #include "epcomm/wire.hpp"
 
@@ -30,6 +31,7 @@ enum class failure : std::int32_t {
   over_bound,          // peer would receive `seen` rows, its worst_case_recv_tokens is `expected`
   weights_mismatch,    // peer passes topk_weights to combine and rank 0 does not, or vice versa
   peer_aborted,        // `reporter` gave up blaming `peer` and told this rank (abort_link.hpp)
+  proxy,               // over an RMA transport: a channel call returned `seen` (channel_status)
 };
 
 // What a wait that expired was waiting for; the text matches the host
@@ -98,7 +100,7 @@ static_assert(std::is_trivially_copyable_v<report> && std::is_standard_layout_v<
 // is a verdict all ranks reached together after a completed round, so the
 // next call is safe.
 inline bool breaks_buffer(const report& r) {
-  return r.code == failure::deadline || r.code == failure::peer_aborted;
+  return r.code == failure::deadline || r.code == failure::peer_aborted || r.code == failure::proxy;
 }
 
 // The epcomm::error the host engine throws for the same situation.
@@ -142,6 +144,10 @@ inline error to_error(const report& r, int rank, const std::string& op) {
       const auto b = proxy::peer_aborted(r.reporter, r.peer, rank, waited_for_text(r.what));
       return error(rank, op, b.peer, b.cause);
     }
+    case failure::proxy:
+      return error(
+          rank, op, no_peer,
+          std::string("proxy: ") + proxy::to_string(static_cast<proxy::channel_status>(r.seen)));
   }
   return error(
       rank, op, r.peer,

@@ -1,0 +1,134 @@
+// What a device buffer (cuda::device_buffer, cuda::low_latency_device_buffer)
+// holds to reach its peers: a device transport whose peers' memory its
+// kernels store into (nvlink_ipc), or an RMA transport (libfabric, UCX) and
+// the GPU-fed proxy its kernels hand puts to (gpu_proxy.hpp), with the
+// symmetric buffer in device memory or in host memory mapped into the device.
+// Either way the kernels get a peer_table (over RMA: only this rank's buffer
+// and its counters, mapped) and, over RMA, the channels.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "epcomm/cuda/gpu_proxy.hpp"
+#include "epcomm/cuda/peer_table.hpp"
+#include "epcomm/cuda/runtime_error.hpp"
+#include "epcomm/deadline.hpp"
+#include "epcomm/error.hpp"
+#include "epcomm/proxy/channel.hpp"
+#include "epcomm/proxy/symmetric_memory.hpp"
+
+namespace epcomm::cuda {
+
+template <class T>
+concept device_buffer_transport = device_transport<T> || gpu_fed_transport<T>;
+
+template <device_buffer_transport Transport>
+class device_link {
+ public:
+  // Peers' memory is not mapped: the kernels go through the proxy.
+  static constexpr bool via_proxy = !device_transport<Transport>;
+
+  // Collective, like the transport's constructor. `rma_memory` places an RMA
+  // transport's buffer; `channels` is how many the kernels push to.
+  template <class B>
+  device_link(B& boot, std::size_t bytes, std::size_t slots, std::chrono::milliseconds timeout,
+              proxy::memory_kind rma_memory, int channels)
+      : transport_(make_transport(boot, bytes, slots, timeout, rma_memory)),
+        proxy_(transport_, timeout, channels) {}
+
+  Transport& transport() { return transport_; }
+
+  // The start of this rank's symmetric buffer, as kernels address it.
+  std::byte* local_buffer() {
+    if constexpr (via_proxy)
+      return proxy_->device_buffer();
+    else
+      return transport_.local_device_buffer().data();
+  }
+
+  // What kernels reach peers with.
+  peer_table peers() {
+    if constexpr (via_proxy) {
+      peer_table t{};
+      t.rank = transport_.rank();
+      t.world_size = transport_.world_size();
+      t.buffer[t.rank] = proxy_->device_buffer();
+      // Kernels only read the counters; the proxy adds to them.
+      t.signals[t.rank] = const_cast<std::uint64_t*>(proxy_->device_counters());
+      return t;
+    } else {
+      return transport_.device_handle();
+    }
+  }
+
+  // Over RMA: channel c of the proxy.
+  proxy::channel channel(int c) const {
+    if constexpr (via_proxy)
+      return proxy_->channel(c);
+    else
+      return {};
+  }
+
+  // A kernel sees only that the proxy failed; the engine knows why: `e`
+  // with the engine's error appended, when there is one.
+  error with_proxy_cause(const error& e) {
+    if constexpr (via_proxy) {
+      if (proxy_->engine().failed()) {
+        try {
+          proxy_->engine().rethrow();
+        } catch (const error& cause) {
+          return error(e.rank(), e.op(), cause.peer(), e.cause() + ": " + cause.what());
+        }
+      }
+    }
+    return e;
+  }
+
+ private:
+  template <class B>
+  static Transport make_transport(B& boot, std::size_t bytes, std::size_t slots,
+                                  std::chrono::milliseconds timeout, proxy::memory_kind memory) {
+    const deadline dl = deadline::after(timeout);
+    if constexpr (via_proxy) {
+      typename Transport::options_type opt{};
+      opt.timeout = timeout;
+      int device = 0;
+      if (memory == proxy::memory_kind::cuda_device)
+        check_cuda(cudaGetDevice(&device), boot.rank(), "device buffer setup", no_peer,
+                   "cudaGetDevice");
+      opt.memory = {memory, device};
+      return Transport(boot, bytes, slots, dl, opt);
+    } else {
+      return Transport(boot, bytes, slots, dl);
+    }
+  }
+
+  struct no_proxy {
+    no_proxy(Transport&, std::chrono::milliseconds, int) {}
+  };
+  template <bool rma, class = void>
+  struct proxy_of {
+    using type = no_proxy;
+  };
+  template <class Unused>
+  struct proxy_of<true, Unused> {
+    struct type {
+      type(Transport& t, std::chrono::milliseconds timeout, int channels)
+          : gp(t, {.channels = channels, .timeout = timeout}) {}
+      gpu_proxy<Transport>* operator->() { return &gp; }
+      const gpu_proxy<Transport>* operator->() const { return &gp; }
+      gpu_proxy<Transport> gp;
+    };
+  };
+
+  Transport transport_;
+  typename proxy_of<via_proxy>::type proxy_;  // after transport_: its engine stops first
+};
+
+}  // namespace epcomm::cuda
