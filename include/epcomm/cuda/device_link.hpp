@@ -76,14 +76,16 @@ class device_link {
   }
 
   // A kernel sees only that the proxy failed; the engine knows why: `e`
-  // with the engine's error appended, when there is one.
+  // with the engine's operation and cause appended, and its peer, when it
+  // has failed.
   error with_proxy_cause(const error& e) {
     if constexpr (via_proxy) {
       if (proxy_->engine().failed()) {
         try {
           proxy_->engine().rethrow();
         } catch (const error& cause) {
-          return error(e.rank(), e.op(), cause.peer(), e.cause() + ": " + cause.what());
+          return error(e.rank(), e.op(), cause.peer(),
+                       e.cause() + ": " + cause.op() + ": " + cause.cause());
         }
       }
     }

@@ -1,11 +1,11 @@
 // epcomm::cuda::low_latency_device_buffer: low-latency (decode / rollout)
 // dispatch and combine with CUDA kernels as the producers, over a device
 // transport (nvlink_ipc: kernels store into peers), or over an RMA transport
-// (libfabric, UCX: kernels stage in this rank's buffer, placed in device
-// memory, and hand puts to a GPU-fed proxy, cuda/gpu_proxy.hpp). The protocol, the wire format
-// (low_latency_wire.hpp) and the error messages are the host engine's (low_latency.hpp): a rank
-// running this buffer and one running the host engine exchange the same
-// bytes. Only the producer differs: kernels on a stream instead of the
+// (libfabric, UCX: kernels stage in this rank's buffer and hand puts to the
+// GPU-fed proxy; device_link.hpp, low_latency_route.hpp). The protocol, the
+// wire format (low_latency_wire.hpp) and the error messages are the host
+// engine's (low_latency.hpp): a rank running this buffer and one running the
+// host engine exchange the same bytes. Only the producer differs: kernels on a stream instead of the
 // calling thread.
 //
 // Every call is two kernels, send and receive, and both phases can be
