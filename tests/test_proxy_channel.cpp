@@ -17,6 +17,7 @@
 
 #include "epcomm/bootstrap/local.hpp"
 #include "epcomm/proxy/channel.hpp"
+#include "epcomm/proxy/channel_writer.hpp"
 #include "epcomm/proxy/engine.hpp"
 #include "support/exit_codes.hpp"
 
@@ -42,9 +43,10 @@ std::byte pattern(int round, int src, int dst, std::size_t i) {
 
 // Buffer layout: world receive regions (slot s: from source s), then world
 // send regions (slot p: bound for peer p), `region` bytes each. Signal slot s
-// counts what source s sent.
+// counts what source s sent. `batched`: each round's pushes go through one
+// channel_writer, as a kernel's push loop does.
 template <class Transport>
-int exchange_through_channel(local_bootstrap& boot, std::uint64_t ring_capacity) {
+int exchange_through_channel(local_bootstrap& boot, std::uint64_t ring_capacity, bool batched) {
   const int rank = boot.rank(), world = boot.world_size();
   constexpr std::size_t region = 40'000 + 8;  // not a multiple of anything
   const deadline dl = deadline::after(60s);
@@ -64,20 +66,21 @@ int exchange_through_channel(local_bootstrap& boot, std::uint64_t ring_capacity)
   for (int round = 1; round <= 3; ++round) {
     for (int p = 0; p < world; ++p)
       for (std::size_t i = 0; i < region; ++i) buf[send_off(p) + i] = pattern(round, rank, p, i);
+    // Rounds alternate the two ways of saying "landed": one put_signal, or
+    // a put in two halves, a signal, and a flush.
+    auto push_to = [&](auto& pusher, int p) {
+      if (round % 2 == 1) return pusher.put_signal(p, send_off(p), recv_off(rank), region, rank, 1);
+      const std::size_t half = region / 2;
+      proxy::channel_status s = pusher.put(p, send_off(p), recv_off(rank), half);
+      if (s == proxy::channel_status::ok)
+        s = pusher.put(p, send_off(p) + half, recv_off(rank) + half, region - half);
+      if (s == proxy::channel_status::ok) s = pusher.signal(p, rank, 1);
+      if (s == proxy::channel_status::ok) s = pusher.flush(p);
+      return s;
+    };
+    proxy::channel_writer writer(ch);
     for (int p = 0; p < world; ++p) {
-      // Rounds alternate the two ways of saying "landed": one put_signal, or
-      // a put in two halves, a signal, and a flush.
-      proxy::channel_status s;
-      if (round % 2 == 1) {
-        s = ch.put_signal(p, send_off(p), recv_off(rank), region, rank, 1);
-      } else {
-        const std::size_t half = region / 2;
-        s = ch.put(p, send_off(p), recv_off(rank), half);
-        if (s == proxy::channel_status::ok)
-          s = ch.put(p, send_off(p) + half, recv_off(rank) + half, region - half);
-        if (s == proxy::channel_status::ok) s = ch.signal(p, rank, 1);
-        if (s == proxy::channel_status::ok) s = ch.flush(p);
-      }
+      const proxy::channel_status s = batched ? push_to(writer, p) : push_to(ch, p);
       if (s != proxy::channel_status::ok)
         return test::fail_rank(rank,
                                std::string("push to ") + std::to_string(p) + ": " + to_string(s));
@@ -106,16 +109,19 @@ int exchange_through_channel(local_bootstrap& boot, std::uint64_t ring_capacity)
   return 0;
 }
 
-// Rings of 2 descriptors (the producer waits on the proxy all the time) and of 64.
+// Rings of 2 descriptors (the producer waits on the proxy all the time) and
+// of 64, each pushed to descriptor by descriptor and through a writer.
 template <class Transport>
 void check_exchange(const char* what) {
-  for (std::uint64_t capacity : {2u, 64u}) {
-    CAPTURE(capacity);
-    const auto codes = launch_local(3, [&](local_bootstrap& boot) {
-      return exchange_through_channel<Transport>(boot, capacity);
-    });
-    CHECK(test::all_ok(codes, what));
-  }
+  for (std::uint64_t capacity : {2u, 64u})
+    for (bool batched : {false, true}) {
+      CAPTURE(capacity);
+      CAPTURE(batched);
+      const auto codes = launch_local(3, [&](local_bootstrap& boot) {
+        return exchange_through_channel<Transport>(boot, capacity, batched);
+      });
+      CHECK(test::all_ok(codes, what));
+    }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "epcomm/proxy/channel.hpp"
+#include "epcomm/proxy/channel_writer.hpp"
 #include "epcomm/proxy/completion_window.hpp"
 #include "epcomm/proxy/engine.hpp"
 #include "epcomm/proxy/ring.hpp"
@@ -385,6 +386,50 @@ TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and 
   CHECK(other.wait(0, 1) == proxy::channel_status::proxy_failed);  // at once, not after 10 s
   CHECK(std::string(proxy::to_string(proxy::channel_status::signal_late)).find("signal") !=
         std::string::npos);
+}
+
+// A kernel's run of pushes (proxy::channel_writer): the same descriptors, in
+// order, while reading where the proxy is only when the ring looks full.
+TEST_CASE("a channel writer pushes in order, waits for room only when full, and reports") {
+  scripted_transport t;
+  test_ring a(2);
+  proxy::engine<scripted_transport> engine(t, std::span(&a.view, 1));
+  std::uint64_t counters[2] = {};
+  const proxy::channel ch{a.view, counters, std::chrono::nanoseconds(100ms).count()};
+  {
+    proxy::channel_writer w(ch);
+    CHECK(w.put(1, 10, 20, 30) == proxy::channel_status::ok);
+    CHECK(w.put_signal(2, 11, 21, 31, 1, 5) == proxy::channel_status::ok);
+    CHECK(w.signal(3, 1, 7) == proxy::channel_status::ring_full);  // nothing completed
+    t.complete(0);
+    CHECK(w.signal(3, 1, 7) == proxy::channel_status::ok);  // reads tail again, finds room
+    t.complete(1);
+    CHECK(w.flush(2) == proxy::channel_status::ok);
+    t.complete(2);
+  }
+  REQUIRE(eventually([&] { return t.issued().size() == 4; }));
+  t.complete(3);
+  CHECK(ch.quiet() == proxy::channel_status::ok);  // the writer kept head up to date
+  const auto ops = t.issued();
+  CHECK((ops[0].code == proxy::op_code::put && ops[0].peer == 1 && ops[0].local == 10 &&
+         ops[0].remote == 20 && ops[0].bytes == 30));
+  CHECK((ops[1].code == proxy::op_code::put_signal && ops[1].slot == 1 && ops[1].n == 5));
+  CHECK((ops[2].code == proxy::op_code::signal && ops[2].peer == 3 && ops[2].n == 7));
+  CHECK((ops[3].code == proxy::op_code::flush && ops[3].peer == 2));
+
+  // A writer made after the proxy failed refuses at once; one that finds the
+  // ring full of a failed proxy's work says so instead of waiting it out.
+  const proxy::channel patient{a.view, counters, std::chrono::nanoseconds(10s).count()};
+  proxy::channel_writer before(patient);
+  CHECK(before.put(1, 0, 0, 8) == proxy::channel_status::ok);
+  CHECK(before.put(1, 0, 0, 8) == proxy::channel_status::ok);
+  t.fail_progress();
+  REQUIRE(eventually([&] { return engine.failed(); }));
+  proxy::channel_writer after(patient);
+  CHECK(after.put(1, 0, 0, 8) == proxy::channel_status::proxy_failed);
+  const auto start = steady::now();
+  CHECK(before.put(1, 0, 0, 8) == proxy::channel_status::proxy_failed);
+  CHECK(steady::now() - start < 5s);
 }
 
 TEST_CASE("the engine refuses rings that are not rings") {

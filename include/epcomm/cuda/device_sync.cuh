@@ -11,6 +11,7 @@
 
 #include "epcomm/cuda/abort_link.hpp"
 #include "epcomm/cuda/report.hpp"
+#include "epcomm/proxy/channel_writer.hpp"
 
 namespace epcomm::cuda::device {
 
@@ -40,11 +41,12 @@ __device__ __forceinline__ std::uint64_t now_ns() {
 // which the host reports, and the peers then reach their deadlines.
 __device__ inline void relay_abort(const abort_link& link, int culprit) {
   const std::uint64_t word = static_cast<std::uint64_t>(culprit) + 1;
+  proxy::channel_writer relay(link.relay);
   for (int q = 0; q < link.world; ++q)
     if (q == link.rank)
       continue;
     else if (link.via_proxy != 0)
-      link.relay.signal(q, link.first + link.rank, word);
+      relay.signal(q, link.first + link.rank, word);
     else
       add_release(link.signals[q] + link.first + link.rank, word);
 }

@@ -9,8 +9,10 @@
 // count words and signals to itself go through the proxy too, because this
 // rank's counters are the transport's, in host memory.
 //
-// The pushes are templates on the channel so that the host tests replay
-// them against a recording channel (tests/test_cuda_ll_route.cpp).
+// The pushes take any channel-like pusher. A kernel passes a
+// proxy::channel_writer, one per run of pushes, which reads the ring's shared
+// words over PCIe only when it must; the host tests replay the same
+// templates against a recording channel (tests/test_cuda_ll_route.cpp).
 #pragma once
 
 #include <cstddef>
@@ -41,11 +43,11 @@ static_assert(std::is_trivially_copyable_v<ll_route>);
 namespace ll_push {
 
 template <class Channel>
-EPCOMM_HD proxy::channel_status put(const Channel& ch, const wire::ll::rma_write& w) {
+EPCOMM_HD proxy::channel_status put(Channel&& ch, const wire::ll::rma_write& w) {
   return ch.put(w.peer, w.local, w.remote, w.bytes);
 }
 template <class Channel>
-EPCOMM_HD proxy::channel_status put_signal(const Channel& ch, const wire::ll::rma_write& w) {
+EPCOMM_HD proxy::channel_status put_signal(Channel&& ch, const wire::ll::rma_write& w) {
   return ch.put_signal(w.peer, w.local, w.remote, w.bytes, w.slot, 1);
 }
 
@@ -56,7 +58,7 @@ EPCOMM_HD proxy::channel_status put_signal(const Channel& ch, const wire::ll::rm
 // the transport delivers after every earlier write to that rank landed.
 // counts[e]: records for global expert e; unread when `rejected`.
 template <class Channel>
-EPCOMM_HD proxy::channel_status dispatch(const Channel& ch, const wire::ll::shape& s,
+EPCOMM_HD proxy::channel_status dispatch(Channel&& ch, const wire::ll::shape& s,
                                          const wire::ll::plan& pl, int parity, int rank,
                                          const int* counts, bool rejected) {
   const int el = s.local_experts();
@@ -77,7 +79,7 @@ EPCOMM_HD proxy::channel_status dispatch(const Channel& ch, const wire::ll::shap
 // of every local expert (recv_count, recv_src: this parity's dispatch
 // outputs) whose source is not this rank.
 template <class Channel>
-EPCOMM_HD proxy::channel_status combine_rows(const Channel& ch, const wire::ll::shape& s,
+EPCOMM_HD proxy::channel_status combine_rows(Channel&& ch, const wire::ll::shape& s,
                                              const wire::ll::plan& pl, int parity, int rank,
                                              const std::int32_t* recv_count,
                                              const wire::ll::source* recv_src) {
@@ -94,7 +96,7 @@ EPCOMM_HD proxy::channel_status combine_rows(const Channel& ch, const wire::ll::
 // A combine's count words (staged), each after the reject record of a
 // rejected call, with this rank's combine signal at every source.
 template <class Channel>
-EPCOMM_HD proxy::channel_status combine_counts(const Channel& ch, const wire::ll::shape& s,
+EPCOMM_HD proxy::channel_status combine_counts(Channel&& ch, const wire::ll::shape& s,
                                                const wire::ll::plan& pl, int parity, int rank,
                                                bool rejected) {
   for (int r = 0; r < s.world_size; ++r) {
@@ -109,7 +111,7 @@ EPCOMM_HD proxy::channel_status combine_counts(const Channel& ch, const wire::ll
 // The end of a dispatch's receive phase: this parity's regions at this rank
 // may be written again by every source.
 template <class Channel>
-EPCOMM_HD proxy::channel_status release(const Channel& ch, const wire::ll::shape& s, int parity,
+EPCOMM_HD proxy::channel_status release(Channel&& ch, const wire::ll::shape& s, int parity,
                                         int rank) {
   for (int r = 0; r < s.world_size; ++r)
     EPCOMM_PUSH_OR_RETURN(ch.signal(r, wire::ll::released_signal(s, parity, rank), 1));

@@ -11,8 +11,10 @@
 // itself are stored in place; its signals go through the proxy too, because
 // its counters are the transport's, in host memory.
 //
-// The pushes are templates on the channel so that the host tests replay
-// them against simulated rank buffers (tests/test_cuda_normal_route.cpp).
+// The pushes take any channel-like pusher. A kernel passes a
+// proxy::channel_writer, one per run of pushes, which reads the ring's shared
+// words over PCIe only when it must; the host tests replay the same
+// templates against simulated rank buffers (tests/test_cuda_normal_route.cpp).
 #pragma once
 
 #include <cstddef>
@@ -59,7 +61,7 @@ EPCOMM_HD constexpr int staged_row(const int* counts, int world, int rank, int d
 // The notify round: this rank's staged slot for each peer (send_notify, one
 // slot per destination) into its slot there, with the notify signal.
 template <class Channel>
-EPCOMM_HD proxy::channel_status notify(const Channel& ch, const wire::region_plan& pl, int world,
+EPCOMM_HD proxy::channel_status notify(Channel&& ch, const wire::region_plan& pl, int world,
                                        int rank, std::size_t bytes) {
   for (int p = 0; p < world; ++p)
     EPCOMM_PUSH_OR_RETURN(ch.put_signal(
@@ -70,8 +72,8 @@ EPCOMM_HD proxy::channel_status notify(const Channel& ch, const wire::region_pla
 
 // The readiness round: the one staged combine status into every peer's slot.
 template <class Channel>
-EPCOMM_HD proxy::channel_status combine_status(const Channel& ch, const wire::region_plan& pl,
-                                               int world, int rank, std::size_t bytes) {
+EPCOMM_HD proxy::channel_status combine_status(Channel&& ch, const wire::region_plan& pl, int world,
+                                               int rank, std::size_t bytes) {
   for (int p = 0; p < world; ++p)
     EPCOMM_PUSH_OR_RETURN(ch.put_signal(
         p, pl.send_combine_status, pl.combine_status + rank * pl.combine_status_slot_bytes, bytes,
@@ -85,9 +87,8 @@ EPCOMM_HD proxy::channel_status combine_status(const Channel& ch, const wire::re
 // are none, or for every rank when the call was rejected (the agreement to
 // reject). counts: the count matrix of the notify round.
 template <class Channel>
-EPCOMM_HD proxy::channel_status rows(const Channel& ch, const wire::region_plan& pl, int world,
-                                     int rank, const int* counts, const row_shape& rs,
-                                     bool accepted) {
+EPCOMM_HD proxy::channel_status rows(Channel&& ch, const wire::region_plan& pl, int world, int rank,
+                                     const int* counts, const row_shape& rs, bool accepted) {
   const std::size_t data = wire::signal_slot(wire::signal_kind::data, rank, world);
   for (int r = 0; r < world; ++r) {
     const std::size_t n = accepted ? static_cast<std::size_t>(counts[rank * world + r]) : 0;
@@ -119,9 +120,9 @@ EPCOMM_HD proxy::channel_status rows(const Channel& ch, const wire::region_plan&
 // the combine signal; a bare signal where there are none, for this rank
 // (stored in place) and for everyone when the call was rejected.
 template <class Channel>
-EPCOMM_HD proxy::channel_status combine_rows(const Channel& ch, const wire::region_plan& pl,
-                                             int world, int rank, const int* counts,
-                                             const row_shape& rs, bool weights, bool accepted) {
+EPCOMM_HD proxy::channel_status combine_rows(Channel&& ch, const wire::region_plan& pl, int world,
+                                             int rank, const int* counts, const row_shape& rs,
+                                             bool weights, bool accepted) {
   const std::size_t done = wire::signal_slot(wire::signal_kind::combine_data, rank, world);
   for (int s = 0; s < world; ++s) {
     const std::size_t n = accepted ? static_cast<std::size_t>(counts[s * world + rank]) : 0;

@@ -118,14 +118,13 @@ struct ring_view {
 
 static_assert(std::is_trivially_copyable_v<ring_view>);
 
-// Producer side. Claims the next slot, fills it, publishes it. Returns false,
-// touching nothing, when the ring is full (the proxy has not retired enough).
-EPCOMM_HD inline bool try_push(ring_view r, op_code op, int peer, std::uint64_t local_offset,
-                               std::uint64_t remote_offset, std::uint64_t bytes,
-                               std::uint64_t signal_slot = 0, std::uint64_t signal_value = 0) {
-  const std::uint64_t ticket = r.header->head;
-  if (ticket - load_acquire(&r.header->tail) >= r.header->capacity) return false;
-  descriptor& d = r.slots[ticket & (r.header->capacity - 1)];
+// Producer side, for a ticket the producer knows to be free (below tail +
+// capacity): fills its slot and publishes it, then advances head.
+EPCOMM_HD inline void write_slot(ring_view r, std::uint64_t ticket, std::uint64_t capacity,
+                                 op_code op, int peer, std::uint64_t local_offset,
+                                 std::uint64_t remote_offset, std::uint64_t bytes,
+                                 std::uint64_t signal_slot, std::uint64_t signal_value) {
+  descriptor& d = r.slots[ticket & (capacity - 1)];
   d.op = static_cast<std::uint32_t>(op);
   d.peer = peer;
   d.local_offset = local_offset;
@@ -136,6 +135,18 @@ EPCOMM_HD inline bool try_push(ring_view r, op_code op, int peer, std::uint64_t 
   d.reserved = 0;
   store_release(&d.sequence, ticket + 1);
   store_release(&r.header->head, ticket + 1);
+}
+
+// Producer side. Claims the next slot, fills it, publishes it. Returns false,
+// touching nothing, when the ring is full (the proxy has not retired enough).
+EPCOMM_HD inline bool try_push(ring_view r, op_code op, int peer, std::uint64_t local_offset,
+                               std::uint64_t remote_offset, std::uint64_t bytes,
+                               std::uint64_t signal_slot = 0, std::uint64_t signal_value = 0) {
+  const std::uint64_t ticket = r.header->head;
+  const std::uint64_t capacity = r.header->capacity;
+  if (ticket - load_acquire(&r.header->tail) >= capacity) return false;
+  write_slot(r, ticket, capacity, op, peer, local_offset, remote_offset, bytes, signal_slot,
+             signal_value);
   return true;
 }
 
