@@ -29,8 +29,7 @@
 namespace epcomm::gpu_check {
 
 // Link: the device engine's transport, nvlink_ipc or (through the GPU-fed
-// proxy) libfabric / UCX, whose buffer the check places in host memory
-// mapped into the device (check_rma_memory).
+// proxy) libfabric / UCX.
 template <class Token, class Link>
 using device_engine = cuda::device_buffer<Link, Token>;
 
