@@ -17,7 +17,6 @@
 
 #include "epcomm/bootstrap/local.hpp"
 #include "epcomm/proxy/channel.hpp"
-#include "epcomm/proxy/channel_writer.hpp"
 #include "epcomm/proxy/engine.hpp"
 #include "support/exit_codes.hpp"
 
@@ -78,7 +77,7 @@ int exchange_through_channel(local_bootstrap& boot, std::uint64_t ring_capacity,
       if (s == proxy::channel_status::ok) s = pusher.flush(p);
       return s;
     };
-    proxy::channel_writer writer(ch);
+    proxy::channel_writer writer = ch.writer();
     for (int p = 0; p < world; ++p) {
       const proxy::channel_status s = batched ? push_to(writer, p) : push_to(ch, p);
       if (s != proxy::channel_status::ok)

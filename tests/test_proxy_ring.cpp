@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "epcomm/proxy/channel.hpp"
-#include "epcomm/proxy/channel_writer.hpp"
 #include "epcomm/proxy/completion_window.hpp"
 #include "epcomm/proxy/engine.hpp"
 #include "epcomm/proxy/ring.hpp"
@@ -397,7 +396,7 @@ TEST_CASE("a channel writer pushes in order, waits for room only when full, and 
   std::uint64_t counters[2] = {};
   const proxy::channel ch{a.view, counters, std::chrono::nanoseconds(100ms).count()};
   {
-    proxy::channel_writer w(ch);
+    proxy::channel_writer w = ch.writer();
     CHECK(w.put(1, 10, 20, 30) == proxy::channel_status::ok);
     CHECK(w.put_signal(2, 11, 21, 31, 1, 5) == proxy::channel_status::ok);
     CHECK(w.signal(3, 1, 7) == proxy::channel_status::ring_full);  // nothing completed
@@ -420,12 +419,12 @@ TEST_CASE("a channel writer pushes in order, waits for room only when full, and 
   // A writer made after the proxy failed refuses at once; one that finds the
   // ring full of a failed proxy's work says so instead of waiting it out.
   const proxy::channel patient{a.view, counters, std::chrono::nanoseconds(10s).count()};
-  proxy::channel_writer before(patient);
+  proxy::channel_writer before = patient.writer();
   CHECK(before.put(1, 0, 0, 8) == proxy::channel_status::ok);
   CHECK(before.put(1, 0, 0, 8) == proxy::channel_status::ok);
   t.fail_progress();
   REQUIRE(eventually([&] { return engine.failed(); }));
-  proxy::channel_writer after(patient);
+  proxy::channel_writer after = patient.writer();
   CHECK(after.put(1, 0, 0, 8) == proxy::channel_status::proxy_failed);
   const auto start = steady::now();
   CHECK(before.put(1, 0, 0, 8) == proxy::channel_status::proxy_failed);

@@ -469,13 +469,10 @@ class low_latency_buffer {
   // (e's local index, this rank) on e's rank, or (RMA) into its staging, by
   // destination expert, for the proxy to put with the count word.
   std::byte* outgoing_record(int e, int slot, int p) {
-    const std::size_t rb = wire::ll::record_bytes(shape_);
-    const int per_rank = shape_.local_experts();
-    const int dst = e / per_rank;
-    if (direct(dst))
-      return remote(dst, wire::ll::parity_base(plan_, p) + plan_.dispatch_recv +
-                             wire::ll::record_index(shape_, e % per_rank, rank_, slot) * rb);
-    return transport_.local_buffer().data() + wire::ll::staged_record(shape_, plan_, p, e, slot);
+    const wire::ll::rma_write region = wire::ll::records_write(shape_, plan_, p, rank_, e, 0);
+    const std::size_t at = static_cast<std::size_t>(slot) * wire::ll::record_bytes(shape_);
+    if (direct(region.peer)) return remote(region.peer, region.remote + at);
+    return transport_.local_buffer().data() + region.local + at;
   }
 
   // Count word (and, over RMA, the staged records before it) of region

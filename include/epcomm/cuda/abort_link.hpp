@@ -7,9 +7,8 @@
 // release add where peers are mapped, or, over an RMA transport (whose
 // counters live in host memory), added by the proxy through a channel kept
 // for this one use, so that its single producer is whoever sets the word.
-// Plain data, so that
-// it travels in kernel arguments and compiles without CUDA; the device side
-// is relay_abort / find_peer_abort in device_sync.cuh.
+// Plain data, so that it travels in kernel arguments and compiles without
+// CUDA; the device side is relay_abort / find_peer_abort in device_sync.cuh.
 #pragma once
 
 #include <cstddef>

@@ -30,7 +30,7 @@
 #include "epcomm/cuda/normal_route.hpp"
 #include "epcomm/cuda/notify.cuh"
 #include "epcomm/cuda/warp_copy.cuh"
-#include "epcomm/proxy/channel_writer.hpp"
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/token_types.hpp"
 #include "epcomm/wire.hpp"
 
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(combine_threads) combine_send_kernel(combine_a
   const normal_push::row_shape rs{0, 0, static_cast<std::size_t>(a.topk),
                                   static_cast<std::size_t>(hidden) * sizeof(Out)};
   channel_ok(rep, abort_link_of(a),
-             normal_push::combine_rows(proxy::channel_writer(a.route.data), a.plan, world, rank,
+             normal_push::combine_rows(a.route.data.writer(), a.plan, world, rank,
                                        a.ws.count_matrix, rs, a.y_weights != nullptr, accepted));
 }
 

@@ -11,7 +11,7 @@
 
 #include "epcomm/cuda/abort_link.hpp"
 #include "epcomm/cuda/report.hpp"
-#include "epcomm/proxy/channel_writer.hpp"
+#include "epcomm/proxy/channel.hpp"
 
 namespace epcomm::cuda::device {
 
@@ -41,14 +41,15 @@ __device__ __forceinline__ std::uint64_t now_ns() {
 // which the host reports, and the peers then reach their deadlines.
 __device__ inline void relay_abort(const abort_link& link, int culprit) {
   const std::uint64_t word = static_cast<std::uint64_t>(culprit) + 1;
-  proxy::channel_writer relay(link.relay);
-  for (int q = 0; q < link.world; ++q)
-    if (q == link.rank)
-      continue;
-    else if (link.via_proxy != 0)
-      relay.signal(q, link.first + link.rank, word);
-    else
-      add_release(link.signals[q] + link.first + link.rank, word);
+  const std::size_t slot = link.first + link.rank;
+  if (link.via_proxy != 0) {
+    proxy::channel_writer relay = link.relay.writer();
+    for (int q = 0; q < link.world; ++q)
+      if (q != link.rank) relay.signal(q, slot, word);
+  } else {
+    for (int q = 0; q < link.world; ++q)
+      if (q != link.rank) add_release(link.signals[q] + slot, word);
+  }
 }
 
 // The lowest peer whose abort word is set at this rank, with the rank it

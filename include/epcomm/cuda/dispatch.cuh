@@ -30,7 +30,7 @@
 #include "epcomm/cuda/normal_route.hpp"
 #include "epcomm/cuda/warp_copy.cuh"
 #include "epcomm/layout.hpp"
-#include "epcomm/proxy/channel_writer.hpp"
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/token_types.hpp"
 #include "epcomm/wire.hpp"
 
@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(dispatch_threads) dispatch_kernel(dispatch_arg
       token_traits<Token>::has_scales ? static_cast<std::size_t>(hidden / 128) * sizeof(float) : 0,
       static_cast<std::size_t>(a.topk), 0};
   channel_ok(rep, abort_link_of(a),
-             normal_push::rows(proxy::channel_writer(a.route.data), a.plan, world, rank,
-                               a.ws.count_matrix, rs, accepted));
+             normal_push::rows(a.route.data.writer(), a.plan, world, rank, a.ws.count_matrix, rs,
+                               accepted));
 }
 
 }  // namespace epcomm::cuda::device

@@ -33,7 +33,7 @@
 #include "epcomm/cuda/verdict.hpp"
 #include "epcomm/low_latency_rma.hpp"
 #include "epcomm/low_latency_wire.hpp"
-#include "epcomm/proxy/channel_writer.hpp"
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/token_types.hpp"
 
 namespace epcomm::cuda::device {
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(ll_threads) ll_combine_send_kernel(ll_args a) 
     __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0) {
-      proxy::channel_writer ch(a.route.parity[p]);  // one run: rows, then words
+      proxy::channel_writer ch = a.route.parity[p].writer();  // one run: rows, then words
       const bool rows_out =
           !valid ||
           ll_channel_ok(

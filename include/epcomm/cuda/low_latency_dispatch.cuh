@@ -43,7 +43,7 @@
 #include "epcomm/fp8_scaling.hpp"
 #include "epcomm/low_latency_rma.hpp"
 #include "epcomm/low_latency_wire.hpp"
-#include "epcomm/proxy/channel_writer.hpp"
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/token_types.hpp"
 
 namespace epcomm::cuda::device {
@@ -328,9 +328,9 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a)
     __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0)
-      ll_channel_ok(rep, abort_link_of(a), ll_op::dispatch,
-                    ll_push::dispatch(proxy::channel_writer(a.route.parity[p]), s, a.plan, p, rank,
-                                      total, !valid));
+      ll_channel_ok(
+          rep, abort_link_of(a), ll_op::dispatch,
+          ll_push::dispatch(a.route.parity[p].writer(), s, a.plan, p, rank, total, !valid));
   }
   if (threadIdx.x == 0) {
     a.ws.dispatch_epoch[p] = epoch;
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(ll_threads) ll_dispatch_recv_kernel(ll_args a)
   if (a.route.via_proxy != 0) {
     if (threadIdx.x == 0)
       ll_channel_ok(rep, abort_link_of(a), ll_op::dispatch,
-                    ll_push::release(proxy::channel_writer(a.route.parity[p]), s, p, rank));
+                    ll_push::release(a.route.parity[p].writer(), s, p, rank));
     return;
   }
   for (int r = threadIdx.x; r < world; r += blockDim.x)

@@ -135,9 +135,8 @@ inline error to_error(const ll_report& r, int rank) {
       return error(rank, op, b.peer, b.cause);
     }
     case ll_failure::proxy:
-      return error(
-          rank, op, no_peer,
-          std::string("proxy: ") + proxy::to_string(static_cast<proxy::channel_status>(r.seen)));
+      return error(rank, op, no_peer,
+                   proxy::channel_failure(static_cast<proxy::channel_status>(r.seen)));
   }
   return error(
       rank, op, r.peer,

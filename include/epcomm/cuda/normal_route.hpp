@@ -12,9 +12,9 @@
 // its counters are the transport's, in host memory.
 //
 // The pushes take any channel-like pusher. A kernel passes a
-// proxy::channel_writer, one per run of pushes, which reads the ring's shared
-// words over PCIe only when it must; the host tests replay the same
-// templates against simulated rank buffers (tests/test_cuda_normal_route.cpp).
+// proxy::channel_writer (channel::writer()), one per run of pushes, which
+// reads the ring's shared words over PCIe only when it must; the host tests
+// replay the same templates against simulated rank buffers (tests/test_cuda_normal_route.cpp).
 #pragma once
 
 #include <cstddef>

@@ -23,7 +23,7 @@
 #include "epcomm/cuda/launch_args.hpp"
 #include "epcomm/cuda/normal_route.hpp"
 #include "epcomm/cuda/verdict.hpp"
-#include "epcomm/proxy/channel_writer.hpp"
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/wire.hpp"
 
 namespace epcomm::cuda::device {
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(notify_threads) notify_kernel(dispatch_args a)
     if (threadIdx.x == 0)
       channel_ok(rep, abort_link_of(a),
                  normal_push::notify(
-                     proxy::channel_writer(a.route.data), a.plan, world, rank,
+                     a.route.data.writer(), a.plan, world, rank,
                      sizeof(wire::notify_header) + sizeof(std::int32_t) * (world + per_rank)));
   }
 
@@ -185,9 +185,9 @@ __global__ void __launch_bounds__(notify_threads) combine_ready_kernel(combine_a
     if (threadIdx.x == 0) {
       store_header(a.peers.buffer[rank] + a.plan.send_combine_status, hdr);
       __threadfence_system();
-      channel_ok(rep, abort_link_of(a),
-                 normal_push::combine_status(proxy::channel_writer(a.route.data), a.plan, world,
-                                             rank, sizeof hdr));
+      channel_ok(
+          rep, abort_link_of(a),
+          normal_push::combine_status(a.route.data.writer(), a.plan, world, rank, sizeof hdr));
     }
   } else {
     for (int p = threadIdx.x; p < world; p += blockDim.x) {

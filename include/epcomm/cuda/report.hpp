@@ -145,9 +145,8 @@ inline error to_error(const report& r, int rank, const std::string& op) {
       return error(rank, op, b.peer, b.cause);
     }
     case failure::proxy:
-      return error(
-          rank, op, no_peer,
-          std::string("proxy: ") + proxy::to_string(static_cast<proxy::channel_status>(r.seen)));
+      return error(rank, op, no_peer,
+                   proxy::channel_failure(static_cast<proxy::channel_status>(r.seen)));
   }
   return error(
       rank, op, r.peer,
