@@ -71,12 +71,12 @@ EPCOMM_HD inline void channel_pause([[maybe_unused]] std::uint32_t spin) {
 
 // A producer's run of pushes on one channel (channel::writer()), reading the
 // ring's shared words as seldom as it can. From a kernel the ring is pinned
-// host memory: each read of it is a round trip over PCIe (around a
-// microsecond), while writes are posted. A writer reads head, capacity and
-// the failed word once, and tail only when the slots it already knows to be
-// free are used up, as MSCCL++'s device FIFO caches the consumer's position.
-// Make one for a run of pushes (a kernel phase's loop) and push nothing else
-// on its channel while it lives: the ring has one producer.
+// host memory: each read of it is a round trip over PCIe, while writes are
+// posted. A writer reads head, capacity and the failed word once, and tail
+// only when the slots it already knows to be free are used up, as MSCCL++'s
+// device FIFO caches the consumer's position. Make one for a run of pushes
+// (a kernel phase's loop) and push nothing else on its channel while it
+// lives: the ring has one producer.
 class channel_writer {
  public:
   EPCOMM_HD channel_writer(ring_view ring, std::uint64_t timeout_ns)
