@@ -39,6 +39,16 @@ struct test_ring {
   proxy::ring_view view;
 };
 
+template <class F>
+bool eventually(F&& f, std::chrono::milliseconds within = 10s) {
+  const auto until = steady::now() + within;
+  while (steady::now() < until) {
+    if (f()) return true;
+    std::this_thread::sleep_for(100us);
+  }
+  return f();
+}
+
 // A transport whose operations complete only when the test says so, in any
 // order, and which records what it was asked to do.
 class scripted_transport {
@@ -80,10 +90,16 @@ class scripted_transport {
     return window_.watermark();
   }
 
-  // Completes operation `index` (0-based); the others stay pending.
+  // Completes operation `index` (0-based); the others stay pending. The
+  // engine issues from its own thread: wait until it has issued that one.
   void complete(std::uint64_t index) {
+    REQUIRE(eventually([&] { return issued_count() > index; }));
     std::lock_guard lock(mu_);
     window_.complete(index);
+  }
+  std::uint64_t issued_count() const {
+    std::lock_guard lock(mu_);
+    return window_.opened();
   }
   std::vector<op> issued() const {
     std::lock_guard lock(mu_);
@@ -108,16 +124,6 @@ class scripted_transport {
 };
 
 static_assert(proxy::completion_counting<scripted_transport>);
-
-template <class F>
-bool eventually(F&& f, std::chrono::milliseconds within = 10s) {
-  const auto until = steady::now() + within;
-  while (steady::now() < until) {
-    if (f()) return true;
-    std::this_thread::sleep_for(100us);
-  }
-  return f();
-}
 
 }  // namespace
 
@@ -340,17 +346,19 @@ TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and 
   proxy::engine<scripted_transport> engine(t, rings);
   CHECK(engine.channels() == 2);
   std::uint64_t counters[3] = {};
-  const proxy::channel ch{a.view, counters, std::chrono::nanoseconds(100ms).count()};
+  // Calls that must give up wait briefly; calls that must succeed get a
+  // deadline a loaded CI machine cannot miss.
+  const proxy::channel hasty{a.view, counters, std::chrono::nanoseconds(100ms).count()};
+  const proxy::channel ch{a.view, counters, std::chrono::nanoseconds(10s).count()};
 
   CHECK(ch.put(1, 10, 20, 30) == proxy::channel_status::ok);
   CHECK(ch.put_signal(2, 11, 21, 31, 2, 5) == proxy::channel_status::ok);
   // Capacity 2, nothing complete: the third waits, then gives up.
-  CHECK(ch.signal(3, 1, 7) == proxy::channel_status::ring_full);
-  CHECK(ch.quiet() == proxy::channel_status::not_drained);
+  CHECK(hasty.signal(3, 1, 7) == proxy::channel_status::ring_full);
+  CHECK(hasty.quiet() == proxy::channel_status::not_drained);
   t.complete(0);
   CHECK(ch.signal(3, 1, 7) == proxy::channel_status::ok);  // a slot came free
   t.complete(1);
-  REQUIRE(eventually([&] { return t.issued().size() == 3; }));
   t.complete(2);
   CHECK(ch.quiet() == proxy::channel_status::ok);
   CHECK(ch.flush(1) == proxy::channel_status::ok);
@@ -365,7 +373,7 @@ TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and 
 
   // wait: reaches the count another thread publishes, or says it was late.
   std::uint64_t seen = 0;
-  CHECK(ch.wait(1, 1, &seen) == proxy::channel_status::signal_late);
+  CHECK(hasty.wait(1, 1, &seen) == proxy::channel_status::signal_late);
   CHECK(seen == 0);
   std::thread signaller([&] {
     std::this_thread::sleep_for(10ms);
@@ -379,7 +387,7 @@ TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and 
   t.fail_progress();
   REQUIRE(eventually([&] { return engine.failed(); }));
   const proxy::channel other{b.view, counters, std::chrono::nanoseconds(10s).count()};
-  CHECK(ch.put(1, 0, 0, 8) == proxy::channel_status::proxy_failed);
+  CHECK(hasty.put(1, 0, 0, 8) == proxy::channel_status::proxy_failed);
   CHECK(other.quiet() == proxy::channel_status::ok);  // nothing was pushed to it
   CHECK(other.signal(1, 0, 1) == proxy::channel_status::proxy_failed);
   CHECK(other.wait(0, 1) == proxy::channel_status::proxy_failed);  // at once, not after 10 s
@@ -401,14 +409,16 @@ TEST_CASE("a channel writer pushes in order, waits for room only when full, and 
     CHECK(w.put_signal(2, 11, 21, 31, 1, 5) == proxy::channel_status::ok);
     CHECK(w.signal(3, 1, 7) == proxy::channel_status::ring_full);  // nothing completed
     t.complete(0);
-    CHECK(w.signal(3, 1, 7) == proxy::channel_status::ok);  // reads tail again, finds room
+    // Once the proxy has retired it, the writer reads tail again and finds room.
+    REQUIRE(eventually([&] { return proxy::load_acquire(&a.view.header->tail) == 1; }));
+    CHECK(w.signal(3, 1, 7) == proxy::channel_status::ok);
     t.complete(1);
     CHECK(w.flush(2) == proxy::channel_status::ok);
     t.complete(2);
   }
-  REQUIRE(eventually([&] { return t.issued().size() == 4; }));
+  const proxy::channel patient{a.view, counters, std::chrono::nanoseconds(10s).count()};
   t.complete(3);
-  CHECK(ch.quiet() == proxy::channel_status::ok);  // the writer kept head up to date
+  CHECK(patient.quiet() == proxy::channel_status::ok);  // the writer kept head up to date
   const auto ops = t.issued();
   CHECK((ops[0].code == proxy::op_code::put && ops[0].peer == 1 && ops[0].local == 10 &&
          ops[0].remote == 20 && ops[0].bytes == 30));
@@ -418,7 +428,6 @@ TEST_CASE("a channel writer pushes in order, waits for room only when full, and 
 
   // A writer made after the proxy failed refuses at once; one that finds the
   // ring full of a failed proxy's work says so instead of waiting it out.
-  const proxy::channel patient{a.view, counters, std::chrono::nanoseconds(10s).count()};
   proxy::channel_writer before = patient.writer();
   CHECK(before.put(1, 0, 0, 8) == proxy::channel_status::ok);
   CHECK(before.put(1, 0, 0, 8) == proxy::channel_status::ok);
