@@ -19,6 +19,7 @@
 
 #include "epcomm/cuda/low_latency_route.hpp"
 #include "epcomm/low_latency_wire.hpp"
+#include "support/simulated_rma.hpp"
 
 using namespace epcomm;
 namespace ll = epcomm::wire::ll;
@@ -27,59 +28,17 @@ namespace {
 
 using bytes = std::vector<std::byte>;
 
-// Every rank's buffer and counters, and the channel of rank `self` acting
-// on them: put copies at once, put_signal copies then counts, signal counts.
-// fail_at: the push (1-based) that reports ring_full instead.
-struct world_model {
+// Every rank's buffer and counters, and the channel of rank `self`
+// (support/simulated_rma.hpp). A failed push reports ring_full.
+struct world_model : test::simulated_rma {
   ll::shape s;
   ll::plan pl;
-  int self;
-  std::vector<bytes> buf;
-  std::vector<std::vector<std::uint64_t>> counters;
-  int pushes = 0;
-  int fail_at = 0;
-  // Checked at every put_signal: returns an error text, or empty.
-  std::string (*on_signal)(const world_model&, int peer, std::size_t slot) = nullptr;
-  std::vector<std::string> errors;
 
   world_model(const ll::shape& shape, int rank)
-      : s(shape),
-        pl(ll::plan_buffer(shape, true)),
-        self(rank),
-        buf(shape.world_size, bytes(pl.total)),
-        counters(shape.world_size, std::vector<std::uint64_t>(ll::signal_slots(shape))) {}
-
-  struct channel {
-    world_model* m;
-    proxy::channel_status put(int peer, std::uint64_t local, std::uint64_t remote,
-                              std::uint64_t n) const {
-      return m->apply(peer, local, remote, n, nullptr, 0);
-    }
-    proxy::channel_status put_signal(int peer, std::uint64_t local, std::uint64_t remote,
-                                     std::uint64_t n, std::uint64_t slot, std::uint64_t add) const {
-      return m->apply(peer, local, remote, n, &slot, add);
-    }
-    proxy::channel_status signal(int peer, std::uint64_t slot, std::uint64_t add) const {
-      return m->apply(peer, 0, 0, 0, &slot, add);
-    }
-  };
-  channel ch() { return {this}; }
-
-  proxy::channel_status apply(int peer, std::size_t local, std::size_t remote, std::size_t n,
-                              const std::uint64_t* slot, std::uint64_t add) {
-    if (++pushes == fail_at) return proxy::channel_status::ring_full;
-    if (peer < 0 || peer >= s.world_size || local + n > pl.total || remote + n > pl.total) {
-      errors.push_back("descriptor out of range");
-      return proxy::channel_status::ok;
-    }
-    std::memcpy(buf[peer].data() + remote, buf[self].data() + local, n);
-    if (slot != nullptr) {
-      if (on_signal != nullptr)
-        if (std::string e = on_signal(*this, peer, *slot); !e.empty()) errors.push_back(e);
-      counters[peer][*slot] += add;
-    }
-    return proxy::channel_status::ok;
-  }
+      : simulated_rma(shape.world_size, rank, ll::plan_buffer(shape, true).total,
+                      ll::signal_slots(shape)),
+        s(shape),
+        pl(ll::plan_buffer(shape, true)) {}
 
   std::byte* at(int r, int parity, std::size_t offset) {
     return buf[r].data() + ll::parity_base(pl, parity) + offset;
@@ -156,7 +115,9 @@ TEST_CASE("low-latency route: a dispatch's puts land as the peer-mapped stores w
                         static_cast<std::size_t>(e) * s.max_tokens_per_rank * rb,
                     static_cast<std::size_t>(counts[e]) * rb);
       }
-      m.on_signal = records_in_place;
+      m.on_signal = [&m](int peer, std::size_t slot, std::uint64_t) {
+        return records_in_place(m, peer, slot);
+      };
       const auto status =
           cuda::ll_push::dispatch(m.ch(), s, m.pl, parity, self, counts.data(), false);
       CHECK(status == proxy::channel_status::ok);
@@ -204,13 +165,12 @@ TEST_CASE("low-latency route: a rejected dispatch sends its reject record, then 
                   &rec, sizeof rec);
   }
   // A peer reads the reject record once a "rejected" word's signal came.
-  m.on_signal = [](const world_model& mm, int peer, std::size_t) -> std::string {
-    if (peer == mm.self) return {};
+  m.on_signal = [&m](int peer, std::size_t, std::uint64_t) -> std::string {
+    if (peer == m.self) return {};
     ll::reject_record got;
-    std::memcpy(
-        &got,
-        mm.buf[peer].data() + ll::parity_base(mm.pl, 1) + mm.pl.rejects + mm.self * sizeof got,
-        sizeof got);
+    std::memcpy(&got,
+                m.buf[peer].data() + ll::parity_base(m.pl, 1) + m.pl.rejects + m.self * sizeof got,
+                sizeof got);
     return got.epoch == 3 ? "" : "a rejected word signalled before the reject record";
   };
   const auto status = cuda::ll_push::dispatch(m.ch(), s, m.pl, parity, self, nullptr, true);

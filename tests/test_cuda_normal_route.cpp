@@ -19,6 +19,7 @@
 #include "epcomm/count_matrix.hpp"
 #include "epcomm/cuda/normal_route.hpp"
 #include "epcomm/wire.hpp"
+#include "support/simulated_rma.hpp"
 
 using namespace epcomm;
 using cuda::normal_push::row_shape;
@@ -27,64 +28,32 @@ namespace {
 
 using bytes = std::vector<std::byte>;
 
-// Rank buffers and counters, and the channel of rank `self`: put copies,
-// put_signal copies then counts (checking first that `ready` holds), signal
-// counts. fail_at: the push (1-based) that reports proxy_failed instead.
-struct world_model {
+// Rank buffers and counters, and the channel of rank `self`
+// (support/simulated_rma.hpp), checking at the data and combine signals that
+// the rows they announce are in place. A failed push reports proxy_failed.
+struct world_model : test::simulated_rma {
   int world;
-  int self;
   wire::region_plan pl;
-  std::vector<bytes> buf;
-  std::vector<std::vector<std::uint64_t>> counters;
-  int pushes = 0;
-  int fail_at = 0;
-  std::vector<std::string> errors;
   // What must already be in place at `peer` when `slot` is signalled there.
   std::vector<std::vector<std::pair<std::size_t, bytes>>> expected_at_signal;
 
   world_model(const wire::capacity& c, int rank)
-      : world(c.world_size),
-        self(rank),
+      : simulated_rma(c.world_size, rank, wire::plan_regions(c, true).total,
+                      wire::signal_slots(c.world_size)),
+        world(c.world_size),
         pl(wire::plan_regions(c, true)),
-        buf(c.world_size, bytes(pl.total)),
-        counters(c.world_size, std::vector<std::uint64_t>(wire::signal_slots(c.world_size))),
-        expected_at_signal(c.world_size) {}
-
-  struct channel {
-    world_model* m;
-    proxy::channel_status put(int peer, std::uint64_t local, std::uint64_t remote,
-                              std::uint64_t n) const {
-      return m->apply(peer, local, remote, n, nullptr);
-    }
-    proxy::channel_status put_signal(int peer, std::uint64_t local, std::uint64_t remote,
-                                     std::uint64_t n, std::uint64_t slot, std::uint64_t add) const {
+        expected_at_signal(c.world_size) {
+    fail_with = proxy::channel_status::proxy_failed;
+    on_signal = [this](int peer, std::size_t slot, std::uint64_t add) -> std::string {
       CHECK(add == 1);
-      return m->apply(peer, local, remote, n, &slot);
-    }
-    proxy::channel_status signal(int peer, std::uint64_t slot, std::uint64_t add) const {
-      CHECK(add == 1);
-      return m->apply(peer, 0, 0, 0, &slot);
-    }
-  };
-  channel ch() { return {this}; }
-
-  proxy::channel_status apply(int peer, std::size_t local, std::size_t remote, std::size_t n,
-                              const std::uint64_t* slot) {
-    if (++pushes == fail_at) return proxy::channel_status::proxy_failed;
-    if (peer < 0 || peer >= world || local + n > pl.total || remote + n > pl.total) {
-      errors.push_back("descriptor out of range");
-      return proxy::channel_status::ok;
-    }
-    std::memcpy(buf[peer].data() + remote, buf[self].data() + local, n);
-    if (slot != nullptr) {
-      ++counters[peer][*slot];
-      if (*slot == wire::signal_slot(wire::signal_kind::data, self, world) ||
-          *slot == wire::signal_slot(wire::signal_kind::combine_data, self, world))
-        for (const auto& [at, want] : expected_at_signal[peer])
-          if (std::memcmp(buf[peer].data() + at, want.data(), want.size()) != 0)
-            errors.push_back("rank " + std::to_string(peer) + " signalled before its rows landed");
-    }
-    return proxy::channel_status::ok;
+      if (slot != wire::signal_slot(wire::signal_kind::data, self, world) &&
+          slot != wire::signal_slot(wire::signal_kind::combine_data, self, world))
+        return {};
+      for (const auto& [at, want] : expected_at_signal[peer])
+        if (std::memcmp(buf[peer].data() + at, want.data(), want.size()) != 0)
+          return "rank " + std::to_string(peer) + " signalled before its rows landed";
+      return {};
+    };
   }
 
   // Records that `n` bytes at `from` in this rank's buffer must reach `at`
@@ -140,7 +109,7 @@ TEST_CASE("normal route: dispatch rows land at their final rows, then the data s
     fill(m.buf[self].data() + m.pl.send_x, m.pl.send_tokens - m.pl.send_x, 5);
     std::vector<bytes> want = m.buf;
     for (int r = 0, first = 0; r < world; first += counts[self * world + r], ++r) {
-      CHECK(cuda::normal_push::staged_row(counts.data(), world, self, r) == first);
+      CHECK(return_offset(counts.data(), world, self, r) == first);
       const std::size_t n = counts[self * world + r];
       if (r == self || n == 0) continue;  // the kernel stores its own rows in place
       const std::size_t to = recv_offset(counts.data(), world, self, r);

@@ -17,7 +17,9 @@ EPCOMM_HD constexpr int recv_offset(const int* counts, int world, int src, int d
 }
 
 // First row, in src's combine region, of the rows dst returns: a source
-// receives its combined rows grouped by the rank that returns them.
+// receives its combined rows grouped by the rank that returns them. Also the
+// first row, in src's send staging (RMA path), of the tokens src sends to
+// dst: staging holds them in that same order, by destination.
 EPCOMM_HD constexpr int return_offset(const int* counts, int world, int src, int dst) {
   int off = 0;
   for (int r = 0; r < dst; ++r) off += counts[src * world + r];

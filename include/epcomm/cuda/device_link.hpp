@@ -10,10 +10,8 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 
 #include "epcomm/cuda/gpu_proxy.hpp"
 #include "epcomm/cuda/peer_table.hpp"

@@ -203,10 +203,10 @@ __global__ void __launch_bounds__(dispatch_threads) dispatch_kernel(dispatch_arg
   }
 
   // First row per destination: its final row there, or over RMA, for other
-  // ranks, the first staged row.
+  // ranks, the first staged row (return_offset: staging is by destination).
   for (int r = threadIdx.x; r < world; r += blockDim.x)
     dest_base[r] = a.route.via_proxy != 0 && r != rank
-                       ? normal_push::staged_row(a.ws.count_matrix, world, rank, r)
+                       ? return_offset(a.ws.count_matrix, world, rank, r)
                        : recv_offset(a.ws.count_matrix, world, rank, r);
   __syncthreads();
 

@@ -5,8 +5,8 @@
 // GPU-fed proxy; device_link.hpp, low_latency_route.hpp). The protocol, the
 // wire format (low_latency_wire.hpp) and the error messages are the host
 // engine's (low_latency.hpp): a rank running this buffer and one running the
-// host engine exchange the same bytes. Only the producer differs: kernels on a stream instead of
-// the calling thread.
+// host engine exchange the same bytes. Only the producer differs: kernels on
+// a stream instead of the calling thread.
 //
 // Every call is two kernels, send and receive, and both phases can be
 // launched apart (the *_send functions return a hook that launches the

@@ -50,14 +50,6 @@ struct row_shape {
   std::size_t out;     // hidden * combine element bytes
 };
 
-// First staged row of the tokens this rank sends to `dst`: staging holds
-// them by destination, in rank order (row `rank` of the count matrix).
-EPCOMM_HD constexpr int staged_row(const int* counts, int world, int rank, int dst) {
-  int first = 0;
-  for (int r = 0; r < dst; ++r) first += counts[rank * world + r];
-  return first;
-}
-
 // The notify round: this rank's staged slot for each peer (send_notify, one
 // slot per destination) into its slot there, with the notify signal.
 template <class Channel>
@@ -96,7 +88,7 @@ EPCOMM_HD proxy::channel_status rows(Channel&& ch, const wire::region_plan& pl, 
       EPCOMM_PUSH_OR_RETURN(ch.signal(r, data, 1));
       continue;
     }
-    const std::size_t from = static_cast<std::size_t>(staged_row(counts, world, rank, r));
+    const std::size_t from = static_cast<std::size_t>(return_offset(counts, world, rank, r));
     const std::size_t to = static_cast<std::size_t>(recv_offset(counts, world, rank, r));
     const std::size_t idx = rs.topk * sizeof(std::int64_t);
     const std::size_t w = rs.topk * sizeof(float);
