@@ -24,10 +24,10 @@
 #include <span>
 #include <vector>
 
-#include "epcomm/combine_reduce.hpp"
-#include "epcomm/fp8_scaling.hpp"
-#include "epcomm/normal_mode.hpp"
-#include "epcomm/token_types.hpp"
+#include "epcomm/core/combine_reduce.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/normal/arguments.hpp"
+#include "epcomm/core/token_types.hpp"
 #include "options.hpp"
 
 namespace epcomm::bench {

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "epcomm/fp8_scaling.hpp"
-#include "epcomm/token_types.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/core/token_types.hpp"
 #include "options.hpp"
 
 namespace epcomm::bench {

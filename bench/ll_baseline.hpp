@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "baseline.hpp"
-#include "epcomm/fp8_scaling.hpp"
-#include "epcomm/low_latency_wire.hpp"
-#include "epcomm/token_types.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/low_latency/wire.hpp"
+#include "epcomm/core/token_types.hpp"
 #include "options.hpp"
 
 namespace epcomm::bench {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "bench_case.hpp"
-#include "epcomm/fp8_scaling.hpp"
-#include "epcomm/low_latency.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/low_latency/buffer.hpp"
 #include "inputs.hpp"
 #include "ll_baseline.hpp"
 #include "roofline.hpp"

@@ -17,10 +17,10 @@
 #include <span>
 #include <vector>
 
-#include "epcomm/concepts.hpp"
-#include "epcomm/deadline.hpp"
-#include "epcomm/detail/spin_wait.hpp"
-#include "epcomm/error.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/error.hpp"
 #include "epcomm/proxy/engine.hpp"
 #include "traffic.hpp"
 

@@ -59,7 +59,7 @@ add_library(epcomm::cuda ALIAS epcomm_cuda)
 set_target_properties(epcomm_cuda PROPERTIES EXPORT_NAME cuda)
 target_link_libraries(epcomm_cuda INTERFACE epcomm::core CUDA::cudart)
 # Tells headers that the CUDA runtime is there: the RMA transports can then
-# put their buffer in device memory (proxy/symmetric_memory.hpp).
+# put their buffer in device memory (transport/rma/symmetric_memory.hpp).
 target_compile_definitions(epcomm_cuda INTERFACE EPCOMM_WITH_CUDA)
 # QUIET: an installed epcomm stays usable without CUDA; only targets that
 # link epcomm::cuda or epcomm::nvlink_ipc then need the toolkit.

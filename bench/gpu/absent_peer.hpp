@@ -9,7 +9,7 @@
 #include <chrono>
 #include <string>
 
-#include "epcomm/deadline.hpp"
+#include "epcomm/core/deadline.hpp"
 
 namespace epcomm::gpu_check {
 

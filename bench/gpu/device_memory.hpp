@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "epcomm/cuda/runtime_error.hpp"
+#include "epcomm/core/cuda_check.hpp"
 
 namespace epcomm::gpu_check {
 

@@ -1,5 +1,5 @@
 // The default instantiation matrix for fp32 tokens, one translation unit per
 // token type so a parallel build compiles the three side by side.
-#include "epcomm/cuda/instantiate.cuh"
+#include "epcomm/normal/cuda/instantiate.cuh"
 
 EPCOMM_CUDA_INSTANTIATE_DEFAULT_MATRIX(float);

@@ -5,13 +5,13 @@
 #include <cstring>
 #include <span>
 
-#include "epcomm/cuda/combine.cuh"
-#include "epcomm/cuda/layout.cuh"
-#include "epcomm/cuda/runtime_error.hpp"
+#include "epcomm/normal/cuda/combine.cuh"
+#include "epcomm/normal/cuda/layout.cuh"
+#include "epcomm/core/cuda_check.hpp"
 #include "epcomm/cuda/warp_copy.cuh"
-#include "epcomm/detail/spin_wait.hpp"
-#include "epcomm/layout.hpp"
-#include "epcomm/wire.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/layout.hpp"
+#include "epcomm/normal/wire.hpp"
 #include "nccl_baseline.hpp"
 
 namespace epcomm::gpu_check {

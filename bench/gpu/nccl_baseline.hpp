@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
-#include "epcomm/cuda/launch_args.hpp"
-#include "epcomm/error.hpp"
-#include "epcomm/token_types.hpp"
+#include "epcomm/normal/cuda/launch.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/core/token_types.hpp"
 
 namespace epcomm::gpu_check {
 

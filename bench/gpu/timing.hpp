@@ -18,8 +18,8 @@
 
 #include "correctness.hpp"
 #include "device_memory.hpp"
-#include "epcomm/layout.hpp"
-#include "epcomm/topology.hpp"
+#include "epcomm/core/layout.hpp"
+#include "epcomm/core/topology.hpp"
 #ifdef EPCOMM_GPU_CHECK_NCCL
 #include "nccl_baseline.hpp"
 #endif

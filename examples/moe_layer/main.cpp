@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
-#include "epcomm/buffer.hpp"
-#include "epcomm/fp8_scaling.hpp"
-#include "epcomm/low_latency.hpp"
+#include "epcomm/normal/buffer.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/low_latency/buffer.hpp"
 #include "epcomm/shm/transport.hpp"
 
 namespace {

@@ -2,7 +2,7 @@
 // (add_subdirectory, FetchContent or find_package), it runs one dispatch and
 // combine on 2 local ranks. Exit status 0 = pass.
 #include <epcomm/bootstrap/local.hpp>
-#include <epcomm/buffer.hpp>
+#include <epcomm/normal/buffer.hpp>
 #include <epcomm/shm/transport.hpp>
 
 #include <cstdio>

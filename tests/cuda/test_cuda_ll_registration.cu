@@ -5,7 +5,7 @@
 // to the generic kernels.
 #include <doctest/doctest.h>
 
-#include "epcomm/cuda/low_latency_instantiate.cuh"
+#include "epcomm/low_latency/cuda/instantiate.cuh"
 
 EPCOMM_CUDA_INSTANTIATE_LOW_LATENCY(::epcomm::fp8_e4m3, 2048);
 EPCOMM_CUDA_INSTANTIATE_LOW_LATENCY(::epcomm::bf16, 0);

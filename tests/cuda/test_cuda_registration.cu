@@ -4,7 +4,7 @@
 // runtime switch must then pick them, or fall back to the generic kernels.
 #include <doctest/doctest.h>
 
-#include "epcomm/cuda/instantiate.cuh"
+#include "epcomm/normal/cuda/instantiate.cuh"
 
 EPCOMM_CUDA_INSTANTIATE_NORMAL(::epcomm::bf16, 3, 2880);
 EPCOMM_CUDA_INSTANTIATE_NORMAL(::epcomm::bf16, 0, 0);

@@ -9,9 +9,9 @@
 #include <numeric>
 #include <vector>
 
-#include "epcomm/layout.hpp"
-#include "epcomm/topology.hpp"
-#include "epcomm/wire.hpp"
+#include "epcomm/core/layout.hpp"
+#include "epcomm/core/topology.hpp"
+#include "epcomm/normal/wire.hpp"
 
 namespace {
 

@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "epcomm/fault_injection.hpp"
-#include "epcomm/low_latency.hpp"
+#include "epcomm/host/fault_injection.hpp"
+#include "epcomm/low_latency/buffer.hpp"
 #include "support/run_case.hpp"
 
 namespace epcomm::test::faults {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "epcomm/fp8_scaling.hpp"
-#include "epcomm/low_latency_mode.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/low_latency/arguments.hpp"
 #include "support/workload.hpp"
 
 namespace epcomm::test {

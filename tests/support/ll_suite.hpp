@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
-#include "epcomm/low_latency.hpp"
+#include "epcomm/low_latency/buffer.hpp"
 #include "support/exit_codes.hpp"
 #include "support/ll_reference.hpp"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "epcomm/normal_mode.hpp"
+#include "epcomm/normal/arguments.hpp"
 #include "support/workload.hpp"
 
 namespace epcomm::test {

@@ -1,4 +1,4 @@
-// The contract of an RMA transport (concepts.hpp), checked between real
+// The contract of an RMA transport (transport/concepts.hpp), checked between real
 // processes for any transport that models it: bytes land where put says,
 // signals count and come after the writes they cover, completed() and flush
 // report completion, bad arguments and lost peers give an epcomm::error that

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
-#include "epcomm/buffer.hpp"
+#include "epcomm/normal/buffer.hpp"
 #include "epcomm/shm/transport.hpp"
 #include "support/exit_codes.hpp"
 #include "support/reference.hpp"

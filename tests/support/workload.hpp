@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "epcomm/fp8_scaling.hpp"
-#include "epcomm/token_types.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/core/token_types.hpp"
 
 namespace epcomm::test {
 

@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "epcomm/deadline.hpp"
+#include "epcomm/core/deadline.hpp"
 
 namespace epcomm {
 

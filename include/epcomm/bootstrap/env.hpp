@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
-#include "epcomm/deadline.hpp"
-#include "epcomm/error.hpp"
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/error.hpp"
 
 namespace epcomm {
 namespace detail::tcp {

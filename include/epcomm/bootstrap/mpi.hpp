@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
-#include "epcomm/deadline.hpp"
-#include "epcomm/detail/spin_wait.hpp"
-#include "epcomm/error.hpp"
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/error.hpp"
 
 namespace epcomm {
 namespace detail::mpi {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
-#include "epcomm/error.hpp"
+#include "epcomm/core/error.hpp"
 
 namespace epcomm {
 

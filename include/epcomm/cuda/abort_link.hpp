@@ -14,8 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "epcomm/config.hpp"
-#include "epcomm/cuda/peer_table.hpp"
+#include "epcomm/core/config.hpp"
+#include "epcomm/transport/peer_table.hpp"
 #include "epcomm/proxy/channel.hpp"
 
 namespace epcomm::cuda {

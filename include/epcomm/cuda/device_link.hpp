@@ -14,12 +14,12 @@
 #include <cstdint>
 
 #include "epcomm/cuda/gpu_proxy.hpp"
-#include "epcomm/cuda/peer_table.hpp"
-#include "epcomm/cuda/runtime_error.hpp"
-#include "epcomm/deadline.hpp"
-#include "epcomm/error.hpp"
+#include "epcomm/transport/peer_table.hpp"
+#include "epcomm/core/cuda_check.hpp"
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/error.hpp"
 #include "epcomm/proxy/channel.hpp"
-#include "epcomm/proxy/symmetric_memory.hpp"
+#include "epcomm/transport/rma/symmetric_memory.hpp"
 
 namespace epcomm::cuda {
 

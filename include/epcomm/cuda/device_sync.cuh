@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "epcomm/cuda/abort_link.hpp"
-#include "epcomm/cuda/report.hpp"
+#include "epcomm/normal/report.hpp"
 #include "epcomm/proxy/channel.hpp"
 
 namespace epcomm::cuda::device {

@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "epcomm/cuda/runtime_error.hpp"
-#include "epcomm/deadline.hpp"
+#include "epcomm/core/cuda_check.hpp"
+#include "epcomm/core/deadline.hpp"
 #include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/engine.hpp"
 

@@ -20,7 +20,7 @@
 // ends with a status after timeout_ns, or at once when the proxy has failed.
 //
 // The same code runs on the host (EPCOMM_HD), where a thread plays the
-// kernel: tests/test_proxy_channel.cpp drives it against real transports.
+// kernel: tests/proxy/test_proxy_channel.cpp drives it against real transports.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +28,7 @@
 #include <string>
 #include <type_traits>
 
-#include "epcomm/config.hpp"
+#include "epcomm/core/config.hpp"
 #include "epcomm/proxy/ring.hpp"
 
 #if !defined(__CUDA_ARCH__)

@@ -32,10 +32,10 @@
 #include <thread>
 #include <vector>
 
-#include "epcomm/concepts.hpp"
-#include "epcomm/detail/spin_wait.hpp"
-#include "epcomm/error.hpp"
-#include "epcomm/proxy/failure_latch.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/core/failure_latch.hpp"
 #include "epcomm/proxy/ring.hpp"
 
 namespace epcomm::proxy {

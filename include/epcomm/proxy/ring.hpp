@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "epcomm/config.hpp"
+#include "epcomm/core/config.hpp"
 
 namespace epcomm::proxy {
 

@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "epcomm/error.hpp"
+#include "epcomm/core/error.hpp"
 
 namespace epcomm::nvlink_ipc::detail {
 

@@ -31,13 +31,13 @@
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
-#include "epcomm/concepts.hpp"
-#include "epcomm/cuda/peer_table.hpp"
-#include "epcomm/cuda/runtime_error.hpp"
-#include "epcomm/detail/spin_wait.hpp"
-#include "epcomm/error.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/transport/peer_table.hpp"
+#include "epcomm/core/cuda_check.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/error.hpp"
 #include "epcomm/nvlink_ipc/fabric_memory.hpp"
-#include "epcomm/wire.hpp"
+#include "epcomm/normal/wire.hpp"
 
 namespace epcomm::nvlink_ipc {
 

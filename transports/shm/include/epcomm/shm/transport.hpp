@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "epcomm/concepts.hpp"
-#include "epcomm/detail/spin_wait.hpp"
-#include "epcomm/error.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/error.hpp"
 
 namespace epcomm::shm {
 

@@ -44,12 +44,12 @@
 #include <string_view>
 #include <vector>
 
-#include "epcomm/concepts.hpp"
-#include "epcomm/error.hpp"
-#include "epcomm/proxy/peer_abort.hpp"
-#include "epcomm/proxy/process_identity.hpp"
-#include "epcomm/proxy/rma_transport_base.hpp"
-#include "epcomm/proxy/symmetric_memory.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/transport/peer_abort.hpp"
+#include "epcomm/transport/process_identity.hpp"
+#include "epcomm/transport/rma/base.hpp"
+#include "epcomm/transport/rma/symmetric_memory.hpp"
 
 namespace epcomm::ucx {
 

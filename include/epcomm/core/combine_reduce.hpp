@@ -1,0 +1,81 @@
+// Copyright epcomm contributors. SPDX-License-Identifier: Apache-2.0
+//
+// The reduction at the end of a combine: one output token is the fp32 sum of
+// its biases and of the expert rows that came back for it, rounded once to
+// the output type.
+//
+// Channels go in blocks of 64 with the accumulators in a fixed-size array, so
+// that the compiler keeps them in vector registers and reads every row once
+// per block (a loop over the whole hidden size per row would stream the
+// accumulators through memory once per row). Each channel still sees the same
+// additions in the same order (0, bias_0, bias_1, rows in the order given),
+// so the result is bit for bit the one of the plain per-channel loop (but for
+// which operand's payload a NaN carries, which IEEE 754 leaves open).
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "epcomm/core/token_types.hpp"
+
+namespace epcomm {
+
+namespace detail {
+
+// Channels [c, c + Width) of one output token. Width is a compile-time trip
+// count: the compiler vectorizes these loops even at -O2 (no remainder).
+// With row weights, row r adds weights[r] * row (the low-latency combine).
+template <std::size_t Width, class Out, class Row>
+inline void reduce_block(Out* out, std::size_t c, std::span<const Row* const> rows,
+                         const float* weights, const Out* bias_0, const Out* bias_1) {
+  float acc[Width] = {};
+  for (const Out* bias : {bias_0, bias_1})
+    if (bias != nullptr)
+      for (std::size_t i = 0; i < Width; ++i) acc[i] += to_float(bias[c + i]);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const Row* row = rows[r] + c;
+    if (weights == nullptr) {
+      for (std::size_t i = 0; i < Width; ++i) acc[i] += to_float(row[i]);
+    } else {
+      const float w = weights[r];
+      for (std::size_t i = 0; i < Width; ++i) acc[i] += w * to_float(row[i]);
+    }
+  }
+  for (std::size_t i = 0; i < Width; ++i) out[c + i] = from_float<Out>(acc[i]);
+}
+
+template <class Out, class Row>
+inline void reduce_channels(Out* out, std::size_t hidden, std::span<const Row* const> rows,
+                            const float* weights, const Out* bias_0, const Out* bias_1) {
+  constexpr std::size_t block = 64;
+  std::size_t c = 0;
+  for (; c + block <= hidden; c += block)
+    reduce_block<block>(out, c, rows, weights, bias_0, bias_1);
+  for (; c < hidden; ++c) reduce_block<1>(out, c, rows, weights, bias_0, bias_1);
+}
+
+}  // namespace detail
+
+// out[c] = round<Out>(bias_0[c] + bias_1[c] + rows[0][c] + rows[1][c] + ...),
+// summed in fp32 in that order, for c in [0, hidden). A null bias is left out.
+template <class Out, class Row>
+inline void reduce_token(Out* out, std::size_t hidden, std::span<const Row* const> rows,
+                         const Out* bias_0 = nullptr, const Out* bias_1 = nullptr) {
+  detail::reduce_channels(out, hidden, rows, nullptr, bias_0, bias_1);
+}
+
+// out[c] = round<Out>(weights[0] * rows[0][c] + weights[1] * rows[1][c] + ...),
+// in fp32, in that order: one weight per row.
+template <class Out, class Row>
+inline void reduce_token_weighted(Out* out, std::size_t hidden, std::span<const Row* const> rows,
+                                  const float* weights) {
+  detail::reduce_channels<Out, Row>(out, hidden, rows, weights, nullptr, nullptr);
+}
+
+// Token t's row of an optional [T][H] bias: nullptr when none was given.
+template <class T>
+inline const T* bias_row(std::span<const T> bias, std::size_t t, std::size_t hidden) {
+  return bias.empty() ? nullptr : bias.data() + t * hidden;
+}
+
+}  // namespace epcomm

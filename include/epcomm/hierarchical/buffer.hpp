@@ -1,0 +1,934 @@
+// epcomm::hierarchical_buffer: normal-mode dispatch and combine over several
+// nodes, templated on two transports and the token type. Ranks form nodes of
+// L consecutive ranks (the bootstrap's local_world_size); a rank's node is
+// served by Intra (peer-mapped, the host engine storing through peer_ptr:
+// shm) and its rail, the ranks with its local index on every node, by Inter
+// (a fabric, through the proxy, or a peer-mapped transport where the rail
+// shares memory).
+//
+// A token crosses the fabric at most once per destination node: to the rank
+// of that node with the source's local index (its forwarder), which stores
+// it into each of its node's ranks that the token reaches. Combine runs the
+// other way: every rank reduces, for each source rank of its rail, the rows
+// its node's ranks computed for that source's tokens, and sends one fp32
+// partial sum per token back across the fabric; the source adds the partial
+// sums of the token's nodes. Results are the flat buffer's (normal/buffer.hpp):
+// same dispatch_result, rows ordered by (source rank, source token index),
+// same handle, same combine, fp32 accumulation all along the path.
+//
+// Protocol per call (see docs/transports.md, "Hierarchical path"):
+//
+//   dispatch  notify: each rank puts its record (status, shape, counts) to
+//             its rail, then copies the rail's records to its node, so that
+//             every rank holds all R records and all decide identically;
+//             data: rows go to forwarders across nodes, then every rank
+//             stores its own rows and those it forwards, at the flat
+//             buffer's offsets, into its node's ranks.
+//   combine   ready: statuses gathered the same way, with the masks a
+//             forwarder needs to know which of its node's rows belong to
+//             which relayed token; staged: each rank stages y where its node
+//             reads it; partial: forwarders reduce and send fp32 sums back.
+//
+// Every signal is a counter per (kind, source member) that goes up by one per
+// call, on both transports, whether the call succeeds or is rejected.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epcomm/bootstrap/subgroup.hpp"
+#include "epcomm/host/call_guard.hpp"
+#include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/core/combine_reduce.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/host/fault_injection.hpp"
+#include "epcomm/hierarchical/link.hpp"
+#include "epcomm/hierarchical/wire.hpp"
+#include "epcomm/core/layout.hpp"
+#include "epcomm/normal/arguments.hpp"
+#include "epcomm/normal/verdict.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/core/topology.hpp"
+#include "epcomm/normal/wire.hpp"
+
+namespace epcomm {
+
+// What a rank moved through each transport since its buffer was built; take
+// differences around a call to see that call's traffic.
+struct hierarchical_traffic {
+  group_traffic intra;  // by local index of the node's rank stored into or read from
+  group_traffic inter;  // by node index of the rail's rank sent to
+};
+
+template <class Intra, class Inter, token_type Token>
+requires peer_mapped_transport<Intra> &&
+    (peer_mapped_transport<Inter> || proxy::completion_counting<Inter>)class hierarchical_buffer {
+  static constexpr bool inter_mapped = peer_mapped_transport<Inter>;
+  using node_signal = wire::hier::node_signal;
+  using rail_signal = wire::hier::rail_signal;
+  using kind = detail::traffic_kind;
+
+ public:
+  using token = Token;
+  using combine_t = combine_type_t<Token>;
+
+  // Collective: every rank of `boot` constructs its buffer with the same
+  // config. Nodes are the bootstrap's local groups, which must be equally
+  // large and made of consecutive ranks.
+  template <bootstrap B>
+  requires transport_for<Intra, subgroup_bootstrap<B>> &&
+      transport_for<Inter, subgroup_bootstrap<B>>
+      hierarchical_buffer(B& boot, const buffer_config& cfg)
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        timeout_(effective_timeout(cfg.timeout)),
+        cap_(agree_capacity<Token>(boot, cfg, timeout_)),
+        per_node_(agreed_node_size(boot, timeout_)),
+        nodes_(world_ / per_node_),
+        node_(rank_ / per_node_),
+        local_(rank_ % per_node_),
+        node_plan_(wire::hier::plan_node(cap_, nodes_)),
+        rail_plan_(wire::hier::plan_rail(cap_, nodes_, per_node_, !inter_mapped)),
+        intra_(boot, node_, "node", "node " + std::to_string(node_), node_members(),
+               subgroup_locality::parent_nodes, node_plan_.total,
+               wire::hier::signal_slots<node_signal>(per_node_), deadline::after(timeout_)),
+        // A peer-mapped rail must map every member, so its group declares one node.
+        inter_(boot, local_, "rail", "rail " + std::to_string(local_), rail_members(),
+               inter_mapped ? subgroup_locality::one_node : subgroup_locality::parent_nodes,
+               rail_plan_.total, wire::hier::signal_slots<rail_signal>(nodes_),
+               deadline::after(timeout_)) {
+    for (int i = 0; i < per_node_; ++i)
+      if (!intra_.transport().is_peer_mapped(i))
+        throw error(rank_, "hierarchical buffer", intra_.world_rank(i),
+                    "that rank of this node is not peer-mapped from here");
+    if constexpr (inter_mapped) {
+      for (int m = 0; m < nodes_; ++m)
+        if (!inter_.transport().is_peer_mapped(m))
+          throw error(rank_, "hierarchical buffer", inter_.world_rank(m),
+                      "that rank of this rail is not peer-mapped from here; a peer-mapped inter "
+                      "transport needs the whole rail in one memory domain");
+    }
+  }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  int ranks_per_node() const { return per_node_; }
+  int num_nodes() const { return nodes_; }
+  const wire::capacity& capacity() const { return cap_; }
+  Intra& intra_transport() { return intra_.transport(); }
+  Inter& inter_transport() { return inter_.transport(); }
+  hierarchical_traffic traffic() const { return {intra_.traffic(), inter_.traffic()}; }
+
+  dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
+                                  const dispatch_options& opt = {}) {
+    ensure_usable("dispatch");
+    const std::uint64_t epoch = ++dispatch_epoch_;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in, opt);
+    const topology topo{world_, per_node_, cap_.num_experts, in.hidden, in.topk};
+    const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
+
+    guarded([&] {
+      inject(fault::point::before_notify, "dispatch");
+      gather_notify(in, opt, lay, cause, epoch, dl);
+    });
+    const auto records = read_notify();
+    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, records); },
+                      node_signal::data, rail_signal::data, epoch, dl, "dispatch");
+
+    dispatch_result<Token> res;
+    res.handle =
+        make_dispatch_handle(rank_, in.num_tokens, in.hidden, in.topk, records, lay.send_pos);
+    guarded([&] {
+      inject(fault::point::mid_dispatch, "dispatch");
+      relay_rows(in, lay, dl);
+      store_rows(rank_, in.num_tokens, own_rows(in), res.handle);
+      for (int m = 0; m < nodes_; ++m)
+        if (m != node_)
+          inter_.wait(rail_slot(rail_signal::data, m), epoch, dl, "dispatch", m,
+                      "relayed token rows");
+      for (int m = 0; m < nodes_; ++m) {
+        if (m == node_) continue;
+        const int source = m * per_node_ + local_;
+        store_rows(source, records[source].tokens_per_node[node_], relayed_rows(m, in), res.handle);
+      }
+      for (int i = 0; i < per_node_; ++i)
+        if (i != local_) intra_.signal(i, node_slot(node_signal::data, local_), dl);
+      for (int i = 0; i < per_node_; ++i)
+        if (i != local_)
+          intra_.wait(node_slot(node_signal::data, i), epoch, dl, "dispatch", i, "token rows");
+    });
+    fill_result(res, in, opt, records);
+    return res;
+  }
+
+  // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given)
+  // without allocating results.
+  void combine(const combine_input<combine_t>& in, const dispatch_handle& h,
+               std::span<combine_t> out_x, std::span<float> out_weights = {}) {
+    ensure_usable("combine");
+    const std::uint64_t epoch = ++combine_epoch_;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in, h, out_x, out_weights);
+    const bool weights = in.topk_weights.has_value();
+    std::vector<node_tokens> reach;
+    if (cause.empty()) reach = tokens_by_node(h);
+
+    guarded([&] { gather_status(cause, weights, reach, epoch, dl); });
+    settle_on_failure([&] { check_status(epoch); }, node_signal::combine_staged,
+                      rail_signal::combine_partial, epoch, dl, "combine");
+    guarded([&] {
+      inject(fault::point::mid_combine, "combine");
+      stage_y(in, h);
+      for (int i = 0; i < per_node_; ++i)
+        if (i != local_) intra_.signal(i, node_slot(node_signal::combine_staged, local_), dl);
+      for (int i = 0; i < per_node_; ++i)
+        if (i != local_)
+          intra_.wait(node_slot(node_signal::combine_staged, i), epoch, dl, "combine", i,
+                      "rows to reduce");
+      reduce_for_rail(h, reach[node_], weights, dl);
+      for (int m = 0; m < nodes_; ++m)
+        if (m != node_)
+          inter_.wait(rail_slot(rail_signal::combine_partial, m), epoch, dl, "combine", m,
+                      "partial sums");
+    });
+    finish(in, h, reach, out_x, out_weights);
+  }
+
+  combine_result<combine_t> combine(const combine_input<combine_t>& in, const dispatch_handle& h) {
+    combine_result<combine_t> out;
+    out.x.resize(static_cast<std::size_t>(h.num_tokens) * h.hidden);
+    if (in.topk_weights) out.topk_weights.resize(static_cast<std::size_t>(h.num_tokens) * h.topk);
+    combine(in, h, out.x, out.topk_weights);
+    return out;
+  }
+
+ private:
+  // One rank's notify record, as every rank reads it.
+  struct record {
+    wire::notify_header header;
+    std::vector<int> tokens_per_rank;    // [R]
+    std::vector<int> tokens_per_node;    // [N]
+    std::vector<int> tokens_per_expert;  // [E]
+  };
+
+  // This rank's tokens that reach one node, in token order, with the ranks
+  // of that node each reaches (bit = local index).
+  struct node_tokens {
+    std::vector<int> tokens;
+    std::vector<std::uint64_t> masks;  // [tokens][mask_words]
+  };
+
+  // What a node rank stores for one token row: where its fields are.
+  struct row_ref {
+    const Token* x;
+    const float* scales;
+    const std::int64_t* topk_idx;  // global expert ids
+    const float* weights;
+    std::int32_t src;
+  };
+
+  template <bootstrap B>
+  static int agreed_node_size(B& boot, std::chrono::milliseconds timeout) {
+    struct entry {
+      std::int32_t local_rank, local_world_size;
+    };
+    const entry mine{boot.local_rank(), boot.local_world_size()};
+    const auto bytes =
+        boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(timeout));
+    std::vector<entry> all(boot.world_size());
+    std::memcpy(all.data(), bytes.data(), bytes.size());
+    const int per_node = all[0].local_world_size;
+    // Every rank judges the same entries, so all throw or none does.
+    for (int p = 0; p < boot.world_size(); ++p) {
+      if (per_node >= 1 && boot.world_size() % per_node == 0 &&
+          all[p].local_world_size == per_node && all[p].local_rank == p % per_node)
+        continue;
+      throw error(boot.rank(), "hierarchical buffer", p == boot.rank() ? no_peer : p,
+                  "nodes must be consecutive ranks, equally many per node: rank " +
+                      std::to_string(p) + " says local rank " + std::to_string(all[p].local_rank) +
+                      " of " + std::to_string(all[p].local_world_size) + ", rank 0 says nodes of " +
+                      std::to_string(per_node) + " in a world of " +
+                      std::to_string(boot.world_size()));
+    }
+    return per_node;
+  }
+
+  std::vector<int> node_members() const {
+    std::vector<int> m(per_node_);
+    for (int i = 0; i < per_node_; ++i) m[i] = node_ * per_node_ + i;
+    return m;
+  }
+  std::vector<int> rail_members() const {
+    std::vector<int> m(nodes_);
+    for (int n = 0; n < nodes_; ++n) m[n] = n * per_node_ + local_;
+    return m;
+  }
+
+  std::size_t node_slot(node_signal k, int source) const {
+    return wire::hier::signal_slot(k, source, per_node_);
+  }
+  std::size_t rail_slot(rail_signal k, int source) const {
+    return wire::hier::signal_slot(k, source, nodes_);
+  }
+
+  void ensure_usable(const char* op) const { check_not_broken(rank_, op, broken_); }
+
+  void inject(fault::point at, const char* op) {
+    fault::inject(at, rank_, op, [&] { abort_links(no_peer); });
+  }
+
+  void abort_links(int culprit) {
+    intra_.abort(culprit);
+    inter_.abort(culprit);
+  }
+
+  // See host/call_guard.hpp: a failed call breaks the buffer and gives up on both
+  // groups.
+  template <class F>
+  void guarded(F&& f) {
+    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_links(culprit); });
+  }
+
+  // When every rank has agreed to reject a call, each still completes the
+  // call's final round on both transports (a counted signal with no payload)
+  // before throwing: a rank that raced into its next call would otherwise
+  // overwrite records that slower peers of its node or rail have not read.
+  template <class Check>
+  void settle_on_failure(Check&& check, node_signal node_round, rail_signal rail_round,
+                         std::uint64_t epoch, const deadline& dl, const char* op) {
+    try {
+      check();
+    } catch (const error&) {
+      guarded([&] {
+        for (int m = 0; m < nodes_; ++m)
+          if (m != node_) inter_.signal(m, rail_slot(rail_round, node_), dl);
+        for (int i = 0; i < per_node_; ++i)
+          if (i != local_) intra_.signal(i, node_slot(node_round, local_), dl);
+        for (int m = 0; m < nodes_; ++m)
+          if (m != node_)
+            inter_.wait(rail_slot(rail_round, m), epoch, dl, op, m, "agreement to reject the call");
+        for (int i = 0; i < per_node_; ++i)
+          if (i != local_)
+            intra_.wait(node_slot(node_round, i), epoch, dl, op, i, "agreement to reject the call");
+      });
+      throw;
+    }
+  }
+
+  // ---- dispatch ----------------------------------------------------------
+
+  std::string validate(const dispatch_input<Token>& in, const dispatch_options& opt) const {
+    const auto t = static_cast<std::size_t>(std::max(in.num_tokens, 0));
+    const auto h = static_cast<std::size_t>(std::max(in.hidden, 0));
+    const auto k = static_cast<std::size_t>(std::max(in.topk, 0));
+    const auto n = [](long long v) { return std::to_string(v); };
+    if (in.num_tokens < 0) return "num_tokens is negative";
+    if (in.num_tokens > cap_.max_tokens_per_rank)
+      return n(in.num_tokens) + " tokens exceed the buffer's max_tokens_per_rank " +
+             n(cap_.max_tokens_per_rank);
+    if (in.hidden < 1 || in.hidden > cap_.max_hidden)
+      return "hidden " + n(in.hidden) + " is outside [1, " + n(cap_.max_hidden) + "]";
+    if (token_traits<Token>::has_scales && in.hidden % 128 != 0)
+      return "hidden " + n(in.hidden) + " is not a multiple of 128 (fp8 scales)";
+    if (in.topk < 1 || in.topk > cap_.max_topk)
+      return "topk " + n(in.topk) + " is outside [1, " + n(cap_.max_topk) + "]";
+    if (in.x.size() != t * h)
+      return "x holds " + n(in.x.size()) + " elements, expected T*H = " + n(t * h);
+    const std::size_t scales = token_traits<Token>::has_scales ? t * (h / 128) : 0;
+    if (in.x_scales.size() != scales)
+      return "x_scales holds " + n(in.x_scales.size()) + " values, expected " + n(scales);
+    if (in.topk_idx.size() != t * k)
+      return "topk_idx holds " + n(in.topk_idx.size()) + " ids, expected T*K = " + n(t * k);
+    if (in.topk_weights.size() != t * k)
+      return "topk_weights holds " + n(in.topk_weights.size()) +
+             " values, expected T*K = " + n(t * k);
+    if (opt.worst_case_recv_tokens < 0 || opt.worst_case_recv_tokens > cap_.max_recv_tokens)
+      return "worst_case_recv_tokens " + n(opt.worst_case_recv_tokens) +
+             " is outside [0, max_recv_tokens " + n(cap_.max_recv_tokens) + "]";
+    if (auto bad = find_invalid_expert(in.topk_idx, in.topk, cap_.num_experts)) return *bad;
+    return {};
+  }
+
+  // Whether token t reaches any rank of node m.
+  bool reaches(const layout& lay, int t, int m) const {
+    for (int i = 0; i < per_node_; ++i)
+      if (lay.in_rank(t, m * per_node_ + i)) return true;
+    return false;
+  }
+
+  std::size_t record_bytes() const { return wire::hier::notify_record_bytes(cap_, nodes_); }
+
+  // Hop 1 puts this rank's record to every rank of its rail; hop 2 copies
+  // the rail's N records to every rank of the node. Then every rank holds
+  // every rank's record, in its node buffer's slot for that rank.
+  void gather_notify(const dispatch_input<Token>& in, const dispatch_options& opt,
+                     const layout& lay, const std::string& cause, std::uint64_t epoch,
+                     const deadline& dl) {
+    inter_.quiet(dl);
+    const std::size_t slot_bytes = rail_plan_.notify_slot_bytes;
+    const std::size_t there = rail_plan_.notify + node_ * slot_bytes;
+    std::byte* mine = inter_.local(there);  // what hop 2 copies for this rank
+    write_record(mine, in, opt, lay, cause, epoch);
+    const std::size_t bytes = record_bytes();
+    if constexpr (!inter_mapped) std::memcpy(inter_.local(rail_plan_.send_notify), mine, bytes);
+    for (int m = 0; m < nodes_; ++m) {
+      if (m == node_) continue;
+      if constexpr (inter_mapped) std::memcpy(inter_.outgoing(m, there, 0), mine, bytes);
+      inter_.send_signal(m, rail_plan_.send_notify, there, bytes,
+                         rail_slot(rail_signal::notify, node_), kind::control, dl);
+    }
+    for (int m = 0; m < nodes_; ++m)
+      if (m != node_)
+        inter_.wait(rail_slot(rail_signal::notify, m), epoch, dl, "dispatch", m, "notify record");
+
+    for (int m = 0; m < nodes_; ++m) {
+      const std::byte* from = inter_.local(rail_plan_.notify + m * slot_bytes);
+      const std::size_t to =
+          node_plan_.notify + (m * per_node_ + local_) * node_plan_.notify_slot_bytes;
+      std::memcpy(intra_.local(to), from, bytes);
+      for (int i = 0; i < per_node_; ++i) {
+        if (i == local_) continue;
+        std::memcpy(intra_.peer(i, to), from, bytes);
+        intra_.count(i, bytes, kind::control);
+      }
+    }
+    for (int i = 0; i < per_node_; ++i)
+      if (i != local_) intra_.signal(i, node_slot(node_signal::notify, local_), dl);
+    for (int i = 0; i < per_node_; ++i)
+      if (i != local_)
+        intra_.wait(node_slot(node_signal::notify, i), epoch, dl, "dispatch", i, "notify records");
+  }
+
+  void write_record(std::byte* at, const dispatch_input<Token>& in, const dispatch_options& opt,
+                    const layout& lay, const std::string& cause, std::uint64_t epoch) const {
+    wire::notify_header hdr{};
+    hdr.magic = wire::magic;
+    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
+    hdr.epoch = epoch;
+    hdr.num_tokens = in.num_tokens;
+    hdr.hidden = in.hidden;
+    hdr.topk = in.topk;
+    hdr.num_experts = cap_.num_experts;
+    hdr.token_id = token_traits<Token>::id;
+    hdr.recv_bound = opt.worst_case_recv_tokens;
+    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+    std::memcpy(at, &hdr, sizeof hdr);
+    auto* counts = reinterpret_cast<std::int32_t*>(at + sizeof hdr);
+    std::fill_n(counts, world_ + nodes_ + cap_.num_experts, 0);
+    if (!cause.empty()) return;
+    std::copy(lay.tokens_per_rank.begin(), lay.tokens_per_rank.end(), counts);
+    for (int t = 0; t < in.num_tokens; ++t)
+      for (int m = 0; m < nodes_; ++m)
+        if (reaches(lay, t, m)) ++counts[world_ + m];
+    std::copy(lay.tokens_per_expert.begin(), lay.tokens_per_expert.end(), counts + world_ + nodes_);
+  }
+
+  std::vector<record> read_notify() {
+    std::vector<record> all(world_);
+    for (int s = 0; s < world_; ++s) {
+      const std::byte* at = intra_.local(node_plan_.notify + s * node_plan_.notify_slot_bytes);
+      std::memcpy(&all[s].header, at, sizeof(wire::notify_header));
+      const auto* counts = reinterpret_cast<const std::int32_t*>(at + sizeof(wire::notify_header));
+      all[s].tokens_per_rank.assign(counts, counts + world_);
+      all[s].tokens_per_node.assign(counts + world_, counts + world_ + nodes_);
+      all[s].tokens_per_expert.assign(counts + world_ + nodes_,
+                                      counts + world_ + nodes_ + cap_.num_experts);
+    }
+    return all;
+  }
+
+  // Every token of this rank that reaches another node goes once to that
+  // node's rank of this rail, into the block of this rank's node: the
+  // token, scales, global ids, weights and source index (the forwarder
+  // rewrites ids per final rank). Each destination gets one transfer per
+  // array, the last carrying the data signal, or the signal alone.
+  void relay_rows(const dispatch_input<Token>& in, const layout& lay, const deadline& dl) {
+    inter_.quiet(dl);
+    const std::size_t hidden = in.hidden;
+    const std::size_t k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    const std::size_t block = static_cast<std::size_t>(node_) * cap_.max_tokens_per_rank;
+    const std::size_t signal = rail_slot(rail_signal::data, node_);
+    std::size_t first = 0;  // staged rows of earlier destinations
+    for (int m = 0; m < nodes_; ++m) {
+      if (m == node_) continue;
+      std::vector<int> tokens;
+      for (int t = 0; t < in.num_tokens; ++t)
+        if (reaches(lay, t, m)) tokens.push_back(t);
+      if (tokens.empty()) {
+        inter_.signal(m, signal, dl);
+        continue;
+      }
+      struct array {
+        std::size_t remote, staged, row;
+      };
+      const array arrays[] = {
+          {rail_plan_.relay_x, rail_plan_.send_relay_x, hidden * sizeof(Token)},
+          {rail_plan_.relay_scales, rail_plan_.send_relay_scales, nscales * sizeof(float)},
+          {rail_plan_.relay_topk_idx, rail_plan_.send_relay_topk_idx, k * sizeof(std::int64_t)},
+          {rail_plan_.relay_weights, rail_plan_.send_relay_weights, k * sizeof(float)},
+          {rail_plan_.relay_src_idx, rail_plan_.send_relay_src_idx, sizeof(std::int32_t)}};
+      auto at = [&](const array& a) {
+        return inter_.outgoing(m, a.remote + block * a.row, a.staged + first * a.row);
+      };
+      auto* x = reinterpret_cast<Token*>(at(arrays[0]));
+      auto* scales = reinterpret_cast<float*>(at(arrays[1]));
+      auto* idx = reinterpret_cast<std::int64_t*>(at(arrays[2]));
+      auto* weights = reinterpret_cast<float*>(at(arrays[3]));
+      auto* src = reinterpret_cast<std::int32_t*>(at(arrays[4]));
+      for (std::size_t r = 0; r < tokens.size(); ++r) {
+        const std::size_t t = tokens[r];
+        std::memcpy(x + r * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
+        if (nscales != 0)
+          std::memcpy(scales + r * nscales, in.x_scales.data() + t * nscales,
+                      nscales * sizeof(float));
+        std::memcpy(idx + r * k, in.topk_idx.data() + t * k, k * sizeof(std::int64_t));
+        std::memcpy(weights + r * k, in.topk_weights.data() + t * k, k * sizeof(float));
+        src[r] = static_cast<std::int32_t>(t);
+      }
+      const std::size_t n = tokens.size();
+      for (const array& a : arrays) {
+        if (a.row == 0) continue;
+        const std::size_t local = a.staged + first * a.row, remote = a.remote + block * a.row;
+        if (&a == &arrays[4])
+          inter_.send_signal(m, local, remote, n * a.row, signal, kind::payload, dl);
+        else
+          inter_.send(m, local, remote, n * a.row, kind::payload, dl);
+      }
+      first += n;
+    }
+  }
+
+  // This rank's own tokens as rows to store (those that reach no rank of
+  // this node are skipped by store_rows).
+  auto own_rows(const dispatch_input<Token>& in) const {
+    const std::size_t hidden = in.hidden, k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    return [&in, hidden, k, nscales](int t) {
+      const std::size_t i = t;
+      return row_ref{
+          in.x.data() + i * hidden, nscales != 0 ? in.x_scales.data() + i * nscales : nullptr,
+          in.topk_idx.data() + i * k, in.topk_weights.data() + i * k, static_cast<std::int32_t>(t)};
+    };
+  }
+
+  // The rows relayed here by node m's rank of this rail.
+  auto relayed_rows(int m, const dispatch_input<Token>& in) {
+    const std::size_t hidden = in.hidden, k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    const std::size_t block = static_cast<std::size_t>(m) * cap_.max_tokens_per_rank;
+    const auto* x = reinterpret_cast<const Token*>(inter_.local(rail_plan_.relay_x));
+    const auto* scales = reinterpret_cast<const float*>(inter_.local(rail_plan_.relay_scales));
+    const auto* idx =
+        reinterpret_cast<const std::int64_t*>(inter_.local(rail_plan_.relay_topk_idx));
+    const auto* weights = reinterpret_cast<const float*>(inter_.local(rail_plan_.relay_weights));
+    const auto* src = reinterpret_cast<const std::int32_t*>(inter_.local(rail_plan_.relay_src_idx));
+    return [=](int r) {
+      const std::size_t row = block + r;
+      return row_ref{x + row * hidden, nscales != 0 ? scales + row * nscales : nullptr,
+                     idx + row * k, weights + row * k, src[row]};
+    };
+  }
+
+  // Stores `count` rows of world rank `source` (in its token order) into the
+  // receive arrays of every rank of this node each reaches, at the flat
+  // buffer's offsets: after the rows of lower sources, in token order. The
+  // counts every rank announced say how many rows each rank gets; rows that
+  // disagree with them are a protocol error, never a write out of bounds.
+  template <class Rows>
+  void store_rows(int source, int count, Rows&& row, const dispatch_handle& h) {
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    const int per_rank = cap_.num_experts / world_;
+    struct target {
+      Token* x;
+      float* scales;
+      std::int64_t* idx;
+      float* weights;
+      std::int32_t* src;
+      int first;  // of source's rows
+      int rows;   // of source's rows, announced
+      int next = 0;
+    };
+    std::vector<target> to(per_node_);
+    for (int i = 0; i < per_node_; ++i) {
+      const int d = node_ * per_node_ + i;
+      to[i] = {reinterpret_cast<Token*>(intra_.peer(i, node_plan_.recv_x)),
+               reinterpret_cast<float*>(intra_.peer(i, node_plan_.recv_scales)),
+               reinterpret_cast<std::int64_t*>(intra_.peer(i, node_plan_.recv_topk_idx)),
+               reinterpret_cast<float*>(intra_.peer(i, node_plan_.recv_weights)),
+               reinterpret_cast<std::int32_t*>(intra_.peer(i, node_plan_.recv_src_idx)),
+               h.recv_offset(source, d),
+               h.sent(source, d)};
+    }
+    for (int r = 0; r < count; ++r) {
+      const row_ref in = row(r);
+      for (int i = 0; i < per_node_; ++i) {
+        const int d = node_ * per_node_ + i;
+        bool reached = false;
+        for (std::size_t j = 0; j < k && !reached; ++j)
+          reached = destination_rank(in.topk_idx[j], per_rank) == d;
+        if (!reached) continue;
+        target& o = to[i];
+        if (o.next == o.rows)
+          throw error(rank_, "dispatch", source,
+                      "rows of that rank exceed the " + std::to_string(o.rows) +
+                          " it announced for rank " + std::to_string(d));
+        const std::size_t at = static_cast<std::size_t>(o.first + o.next++);
+        std::memcpy(o.x + at * hidden, in.x, hidden * sizeof(Token));
+        if (nscales != 0) std::memcpy(o.scales + at * nscales, in.scales, nscales * sizeof(float));
+        for (std::size_t j = 0; j < k; ++j) {
+          const std::int64_t local = local_expert_id(in.topk_idx[j], d, per_rank);
+          o.idx[at * k + j] = local;
+          o.weights[at * k + j] = local >= 0 ? in.weights[j] : 0.0f;
+        }
+        o.src[at] = in.src;
+      }
+    }
+    const std::size_t row_bytes = wire::hier::token_row_bytes(h.hidden, h.topk, sizeof(Token),
+                                                              token_traits<Token>::has_scales);
+    for (int i = 0; i < per_node_; ++i) {
+      if (to[i].next != to[i].rows)
+        throw error(rank_, "dispatch", source,
+                    "that rank announced " + std::to_string(to[i].rows) + " rows for rank " +
+                        std::to_string(node_ * per_node_ + i) + ", its relayed tokens give " +
+                        std::to_string(to[i].next));
+      if (to[i].rows != 0) intra_.count(i, to[i].rows * row_bytes, kind::payload);
+    }
+  }
+
+  void fill_result(dispatch_result<Token>& res, const dispatch_input<Token>& in,
+                   const dispatch_options& opt, const std::vector<record>& all) {
+    const int n = res.handle.num_recv_tokens;
+    const int rows = opt.worst_case_recv_tokens > 0 ? opt.worst_case_recv_tokens : n;
+    const std::size_t hidden = in.hidden;
+    const std::size_t k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    auto* idx = reinterpret_cast<std::int64_t*>(intra_.local(node_plan_.recv_topk_idx));
+    auto* weights = reinterpret_cast<float*>(intra_.local(node_plan_.recv_weights));
+    auto* src = reinterpret_cast<std::int32_t*>(intra_.local(node_plan_.recv_src_idx));
+    // Padding rows must read as "routed nowhere" for callers that loop over
+    // the bound rather than the count.
+    std::fill(idx + n * k, idx + rows * k, -1);
+    std::fill(weights + n * k, weights + rows * k, 0.0f);
+    std::fill(src + n, src + rows, -1);
+    res.num_recv_tokens = n;
+    res.recv_x = {reinterpret_cast<const Token*>(intra_.local(node_plan_.recv_x)), rows * hidden};
+    if (nscales != 0)
+      res.recv_x_scales = {reinterpret_cast<const float*>(intra_.local(node_plan_.recv_scales)),
+                           rows * nscales};
+    res.recv_topk_idx = {idx, rows * k};
+    res.recv_topk_weights = {weights, rows * k};
+    res.recv_src_idx = {src, static_cast<std::size_t>(rows)};
+    const int per_rank = cap_.num_experts / world_;
+    res.num_recv_tokens_per_expert.assign(per_rank, 0);
+    for (const auto& r : all)
+      for (int e = 0; e < per_rank; ++e)
+        res.num_recv_tokens_per_expert[e] += r.tokens_per_expert[rank_ * per_rank + e];
+  }
+
+  // ---- combine -----------------------------------------------------------
+
+  std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,
+                       std::span<combine_t> out_x, std::span<float> out_weights) const {
+    const auto n = [](long long v) { return std::to_string(v); };
+    if (h.world_size != world_ || h.rank != rank_)
+      return "handle belongs to rank " + n(h.rank) + " of a world of " + n(h.world_size);
+    const std::size_t r = world_;
+    if (h.num_tokens < 0 || h.num_tokens > cap_.max_tokens_per_rank || h.hidden < 1 ||
+        h.hidden > cap_.max_hidden || h.topk < 1 || h.topk > cap_.max_topk ||
+        h.count_matrix.size() != r * r ||
+        h.send_pos.size() != static_cast<std::size_t>(std::max(h.num_tokens, 0)) * r ||
+        h.num_recv_tokens != h.recv_offset(world_, rank_))
+      return "handle is malformed (not one this buffer's dispatch returned)";
+    const std::size_t hidden = h.hidden;
+    const std::size_t t = h.num_tokens;
+    const std::size_t k = h.topk;
+    if (in.y.size() % hidden != 0 || in.y.size() < h.num_recv_tokens * hidden)
+      return "y holds " + n(in.y.size()) +
+             " elements, expected N*H with N >= " + n(h.num_recv_tokens) + " rows of " + n(hidden);
+    const std::size_t rows = in.y.size() / hidden;
+    if (in.topk_weights && in.topk_weights->size() != rows * k)
+      return "topk_weights holds " + n(in.topk_weights->size()) + " values, expected " +
+             n(rows * k) + " (rows of y times topk)";
+    for (auto bias : {in.bias_0, in.bias_1})
+      if (!bias.empty() && bias.size() != t * hidden)
+        return "bias holds " + n(bias.size()) + " elements, expected T*H = " + n(t * hidden);
+    if (out_x.size() != t * hidden)
+      return "output holds " + n(out_x.size()) + " elements, expected T*H = " + n(t * hidden);
+    if (in.topk_weights && out_weights.size() != t * k)
+      return "output weights hold " + n(out_weights.size()) + " values, expected T*K = " + n(t * k);
+    return {};
+  }
+
+  // From the handle: for every node, this rank's tokens that reached it and
+  // which of its ranks each reached.
+  std::vector<node_tokens> tokens_by_node(const dispatch_handle& h) const {
+    const int words = wire::hier::mask_words(per_node_);
+    std::vector<node_tokens> out(nodes_);
+    std::vector<std::uint64_t> mask(words);
+    for (int t = 0; t < h.num_tokens; ++t) {
+      for (int m = 0; m < nodes_; ++m) {
+        std::fill(mask.begin(), mask.end(), 0);
+        bool any = false;
+        for (int i = 0; i < per_node_; ++i) {
+          if (h.send_pos[static_cast<std::size_t>(t) * world_ + m * per_node_ + i] < 0) continue;
+          mask[i / 64] |= std::uint64_t{1} << (i % 64);
+          any = true;
+        }
+        if (!any) continue;
+        out[m].tokens.push_back(t);
+        out[m].masks.insert(out[m].masks.end(), mask.begin(), mask.end());
+      }
+    }
+    return out;
+  }
+
+  // Hop 1 puts this rank's status, with the masks of its tokens that reached
+  // each node, to that node's rank of the rail; hop 2 copies the rail's
+  // statuses to the node, so every rank judges all R statuses.
+  void gather_status(const std::string& cause, bool with_weights,
+                     const std::vector<node_tokens>& reach, std::uint64_t epoch,
+                     const deadline& dl) {
+    inter_.quiet(dl);
+    wire::combine_header hdr{};
+    hdr.epoch = epoch;
+    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
+    hdr.with_weights = with_weights ? 1 : 0;
+    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+    const std::size_t slot_bytes = rail_plan_.status_slot_bytes;
+    const std::size_t there = rail_plan_.status + node_ * slot_bytes;
+    std::memcpy(inter_.local(there), &hdr, sizeof hdr);
+    for (int m = 0; m < nodes_; ++m) {
+      if (m == node_) continue;
+      const std::size_t staged = rail_plan_.send_status + m * slot_bytes;
+      std::byte* at = inter_.outgoing(m, there, staged);
+      std::memcpy(at, &hdr, sizeof hdr);
+      std::size_t bytes = sizeof hdr;
+      if (cause.empty()) {  // an invalid handle has no masks, and the call stops anyway
+        const std::uint64_t count = reach[m].tokens.size();
+        std::memcpy(at + rail_plan_.status_masks, &count, sizeof count);
+        std::copy(reach[m].masks.begin(), reach[m].masks.end(),
+                  reinterpret_cast<std::uint64_t*>(at + rail_plan_.status_masks + sizeof count));
+        bytes = rail_plan_.status_masks + (1 + reach[m].masks.size()) * sizeof(std::uint64_t);
+      }
+      inter_.send_signal(m, staged, there, bytes, rail_slot(rail_signal::combine_ready, node_),
+                         kind::control, dl);
+    }
+    for (int m = 0; m < nodes_; ++m)
+      if (m != node_)
+        inter_.wait(rail_slot(rail_signal::combine_ready, m), epoch, dl, "combine", m,
+                    "combine status");
+
+    for (int m = 0; m < nodes_; ++m) {
+      const std::byte* from = inter_.local(rail_plan_.status + m * slot_bytes);
+      const std::size_t to = node_plan_.combine_status +
+                             (m * per_node_ + local_) * node_plan_.combine_status_slot_bytes;
+      std::memcpy(intra_.local(to), from, sizeof hdr);
+      for (int i = 0; i < per_node_; ++i) {
+        if (i == local_) continue;
+        std::memcpy(intra_.peer(i, to), from, sizeof hdr);
+        intra_.count(i, sizeof hdr, kind::control);
+      }
+    }
+    for (int i = 0; i < per_node_; ++i)
+      if (i != local_) intra_.signal(i, node_slot(node_signal::combine_ready, local_), dl);
+    for (int i = 0; i < per_node_; ++i)
+      if (i != local_)
+        intra_.wait(node_slot(node_signal::combine_ready, i), epoch, dl, "combine", i,
+                    "combine statuses");
+  }
+
+  void check_status(std::uint64_t epoch) {
+    std::vector<wire::combine_header> all(world_);
+    for (int s = 0; s < world_; ++s)
+      std::memcpy(
+          &all[s],
+          intra_.local(node_plan_.combine_status + s * node_plan_.combine_status_slot_bytes),
+          sizeof(wire::combine_header));
+    judge_combine_status(rank_, epoch, all);
+  }
+
+  // y's rows, in receive order, where the ranks of this node read them.
+  void stage_y(const combine_input<combine_t>& in, const dispatch_handle& h) {
+    const std::size_t rows = h.num_recv_tokens;
+    if (rows == 0) return;
+    std::memcpy(intra_.local(node_plan_.staged_y), in.y.data(),
+                rows * h.hidden * sizeof(combine_t));
+    if (in.topk_weights)
+      std::memcpy(intra_.local(node_plan_.staged_weights), in.topk_weights->data(),
+                  rows * h.topk * sizeof(float));
+  }
+
+  // For each source rank of this rail, the fp32 sum, per token that reached
+  // this node, of the rows this node's ranks computed for it (in rank order).
+  // This rank's own sums stay here; the others go back to their source in one
+  // transfer per array.
+  void reduce_for_rail(const dispatch_handle& h, const node_tokens& own, bool with_weights,
+                       const deadline& dl) {
+    inter_.quiet(dl);
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const int words = wire::hier::mask_words(per_node_);
+    const std::size_t block = static_cast<std::size_t>(node_) * cap_.max_tokens_per_rank;
+    const std::size_t signal = rail_slot(rail_signal::combine_partial, node_);
+    std::size_t first = 0;  // staged rows of earlier destinations
+    for (int m = 0; m < nodes_; ++m) {
+      const int source = m * per_node_ + local_;
+      std::size_t count;
+      const std::uint64_t* masks;
+      if (m == node_) {
+        count = own.tokens.size();
+        masks = own.masks.data();
+      } else {
+        const std::byte* slot = inter_.local(rail_plan_.status + m * rail_plan_.status_slot_bytes +
+                                             rail_plan_.status_masks);
+        std::uint64_t n;
+        std::memcpy(&n, slot, sizeof n);
+        if (n > static_cast<std::uint64_t>(cap_.max_tokens_per_rank))
+          throw error(rank_, "combine", source,
+                      "that rank sent masks for " + std::to_string(n) + " tokens, more than " +
+                          std::to_string(cap_.max_tokens_per_rank));
+        count = n;
+        masks = reinterpret_cast<const std::uint64_t*>(slot + sizeof n);
+      }
+      if (m != node_ && count == 0) {
+        inter_.signal(m, signal, dl);
+        continue;
+      }
+      float* x;
+      float* w;
+      if (m == node_) {
+        x = reinterpret_cast<float*>(inter_.local(rail_plan_.partial_x)) + block * hidden;
+        w = reinterpret_cast<float*>(inter_.local(rail_plan_.partial_weights)) + block * k;
+      } else {
+        x = reinterpret_cast<float*>(
+            inter_.outgoing(m, rail_plan_.partial_x + block * hidden * sizeof(float),
+                            rail_plan_.send_partial_x + first * hidden * sizeof(float)));
+        w = reinterpret_cast<float*>(
+            inter_.outgoing(m, rail_plan_.partial_weights + block * k * sizeof(float),
+                            rail_plan_.send_partial_weights + first * k * sizeof(float)));
+      }
+      reduce_source(h, source, count, masks, words, with_weights, x, w);
+      if (m == node_) continue;
+      const std::size_t x_bytes = count * hidden * sizeof(float);
+      const std::size_t w_bytes = count * k * sizeof(float);
+      const std::size_t x_staged = rail_plan_.send_partial_x + first * hidden * sizeof(float);
+      const std::size_t x_remote = rail_plan_.partial_x + block * hidden * sizeof(float);
+      if (with_weights) {
+        inter_.send(m, x_staged, x_remote, x_bytes, kind::payload, dl);
+        inter_.send_signal(m, rail_plan_.send_partial_weights + first * k * sizeof(float),
+                           rail_plan_.partial_weights + block * k * sizeof(float), w_bytes, signal,
+                           kind::payload, dl);
+      } else {
+        inter_.send_signal(m, x_staged, x_remote, x_bytes, signal, kind::payload, dl);
+      }
+      first += count;
+    }
+  }
+
+  // The partial sums of one source's `count` tokens that reached this node,
+  // read from the staged y of each rank the token reached. Positions follow
+  // dispatch: a rank's rows from `source` are in the source's token order.
+  void reduce_source(const dispatch_handle& h, int source, std::size_t count,
+                     const std::uint64_t* masks, int words, bool with_weights, float* x, float* w) {
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    std::vector<const combine_t*> y(per_node_);
+    std::vector<const float*> yw(per_node_);
+    std::vector<int> next(per_node_), rows(per_node_);
+    for (int i = 0; i < per_node_; ++i) {
+      const int d = node_ * per_node_ + i;
+      const std::size_t first = h.recv_offset(source, d);
+      y[i] =
+          reinterpret_cast<const combine_t*>(intra_.peer(i, node_plan_.staged_y)) + first * hidden;
+      yw[i] = reinterpret_cast<const float*>(intra_.peer(i, node_plan_.staged_weights)) + first * k;
+      rows[i] = h.sent(source, d);
+    }
+    std::vector<const combine_t*> srcs;
+    srcs.reserve(static_cast<std::size_t>(per_node_));
+    for (std::size_t r = 0; r < count; ++r) {
+      if (with_weights) std::fill_n(w + r * k, k, 0.0f);
+      srcs.clear();
+      for (int i = 0; i < per_node_; ++i) {
+        if (((masks[r * words + i / 64] >> (i % 64)) & 1) == 0) continue;
+        if (next[i] == rows[i])
+          throw error(rank_, "combine", source,
+                      "that rank's masks give rank " + std::to_string(node_ * per_node_ + i) +
+                          " more than the " + std::to_string(rows[i]) + " rows it received");
+        const std::size_t row = next[i]++;
+        srcs.push_back(y[i] + row * hidden);
+        if (with_weights)
+          for (std::size_t j = 0; j < k; ++j) w[r * k + j] += yw[i][row * k + j];
+      }
+      reduce_token<float, combine_t>(x + r * hidden, hidden, srcs);
+    }
+    const std::size_t row_bytes =
+        hidden * sizeof(combine_t) + (with_weights ? k * sizeof(float) : 0);
+    for (int i = 0; i < per_node_; ++i) {
+      if (next[i] != rows[i])
+        throw error(rank_, "combine", source,
+                    "that rank's masks give rank " + std::to_string(node_ * per_node_ + i) + " " +
+                        std::to_string(next[i]) + " rows, it received " + std::to_string(rows[i]));
+      if (rows[i] != 0) intra_.count(i, rows[i] * row_bytes, kind::payload);
+    }
+  }
+
+  // out = bias_0 + bias_1 + the partial sums of each node the token reached,
+  // in node order, all in fp32, rounded once to the output type.
+  void finish(const combine_input<combine_t>& in, const dispatch_handle& h,
+              const std::vector<node_tokens>& reach, std::span<combine_t> out_x,
+              std::span<float> out_weights) {
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const auto* px = reinterpret_cast<const float*>(inter_.local(rail_plan_.partial_x));
+    const auto* pw = reinterpret_cast<const float*>(inter_.local(rail_plan_.partial_weights));
+    std::vector<std::size_t> next(nodes_, 0);
+    std::vector<const float*> srcs;
+    srcs.reserve(static_cast<std::size_t>(nodes_));
+    for (int t = 0; t < h.num_tokens; ++t) {
+      const std::size_t at = static_cast<std::size_t>(t) * hidden;
+      if (!out_weights.empty())
+        std::fill_n(out_weights.begin() + static_cast<std::ptrdiff_t>(t * k), k, 0.0f);
+      srcs.clear();
+      for (int m = 0; m < nodes_; ++m) {
+        const auto& list = reach[m].tokens;
+        if (next[m] == list.size() || list[next[m]] != t) continue;
+        const std::size_t row = static_cast<std::size_t>(m) * cap_.max_tokens_per_rank + next[m]++;
+        srcs.push_back(px + row * hidden);
+        if (!out_weights.empty())
+          for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += pw[row * k + j];
+      }
+      reduce_token<combine_t, float>(out_x.data() + at, hidden, srcs,
+                                     bias_row(in.bias_0, t, hidden),
+                                     bias_row(in.bias_1, t, hidden));
+    }
+  }
+
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  wire::capacity cap_;
+  int per_node_;
+  int nodes_;
+  int node_;   // this rank's node
+  int local_;  // this rank's index in its node, and its rail's number
+  wire::hier::node_plan node_plan_;
+  wire::hier::rail_plan rail_plan_;
+  detail::group_link<Intra> intra_;
+  detail::group_link<Inter> inter_;
+  std::uint64_t dispatch_epoch_ = 0;
+  std::uint64_t combine_epoch_ = 0;
+  std::optional<std::string> broken_;
+};
+
+}  // namespace epcomm

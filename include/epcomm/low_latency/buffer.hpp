@@ -1,0 +1,805 @@
+// epcomm::low_latency_buffer: low-latency (decode / rollout) dispatch and
+// combine. This is the host engine: the calling thread is the producer. Over
+// a peer-mapped transport it stores records straight into peers' buffers; over
+// an RMA transport it stages them in its own registered buffer (the plan's
+// send_* regions; combine rows are put from combine_send itself) and hands
+// put / put_signal descriptors to a proxy thread (proxy::engine), one ring
+// per parity. Both paths move the same bytes to the same offsets with the same
+// counted signals; writes to this rank itself are stores on both. Wire layout
+// and signals: low_latency/wire.hpp; overview: docs/low_latency.md.
+// Over an RMA transport, destruction is collective in one respect: it waits
+// (bounded) for every peer's release of this rank's last dispatches.
+//
+// Protocol per call (no count exchange, no notify phase):
+//   dispatch  send:    wait until every receiver released this parity's
+//                      previous dispatch; write each (token, top-k slot) as a
+//                      record into slot i of region (local expert, source) on
+//                      the expert's rank; then, per region, a count word and
+//                      one signal add.
+//             receive: per source, wait for its signals, read the count words
+//                      and pack the records into recv_x; then release the
+//                      region to every source.
+//   combine   send:    write each expert output row into slot (token, top-k
+//                      slot) of its source's combine region; then, per source,
+//                      a count word and one signal add.
+//             receive: wait for every expert rank, check its row count, and
+//                      reduce the top-k rows with the weights in fp32.
+// Both calls can stop after the send phase and return a hook that runs the
+// receive phase later (overlap). Dispatches alternate between two parities; a
+// combine uses its dispatch's parity. A parity takes a new call only after its
+// previous receive phases ran (a local check): so at most two calls are in
+// flight per rank. The combine region needs no release signal: an expert rank
+// combines into parity p again only after receiving a newer dispatch on p,
+// which its sources send only after finishing their combine on p.
+//
+// Invalid input (too many tokens, expert id out of range, an expert named
+// more often than its region has slots, sizes that disagree, a stale handle)
+// is found before any record moves. Without a
+// notify phase the peers learn it from the count words: the rejecting rank
+// writes a reject record and marks every count word it owes "rejected"
+// instead of sending records, then completes its own receive phase (peers'
+// signals arrive promptly) and throws. Every peer throws from its receive
+// phase, as soon as it reads the marker, an error naming the rejecting rank
+// and its cause. Every rank thus fails promptly, epochs stay in step and the
+// buffer serves the next call. Transport failures (deadline, dead peer) and
+// protocol violations make the buffer unusable, except, with
+// mask_lost_ranks, a peer whose process exited: it is marked lost and every
+// call from then on runs without it (no records, rows, count words or signals
+// to or from it), its experts' combine contributions skipped and counted in
+// ll_stats::masked_contributions. Misuse that a rank can see
+// alone (a third call in flight, a hook run twice, a second combine of one
+// dispatch) throws on that rank before anything is sent.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epcomm/host/call_guard.hpp"
+#include "epcomm/core/combine_reduce.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/host/fault_injection.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/core/layout.hpp"
+#include "epcomm/host/lost_ranks.hpp"
+#include "epcomm/low_latency/arguments.hpp"
+#include "epcomm/low_latency/rma.hpp"
+#include "epcomm/low_latency/validation.hpp"
+#include "epcomm/low_latency/wire.hpp"
+#include "epcomm/proxy/engine.hpp"
+#include "epcomm/low_latency/receive_hook.hpp"
+#include "epcomm/host/require_peer_mapped.hpp"
+#include "epcomm/core/token_types.hpp"
+
+namespace epcomm {
+
+// What low-latency mode carries on the wire: bf16, or fp8 with one scale per 128 channels.
+template <class W>
+concept low_latency_wire = std::same_as<W, bf16> || std::same_as<W, fp8_e4m3>;
+
+template <transport Transport, low_latency_wire Wire = bf16>
+requires peer_mapped_transport<Transport> || proxy::completion_counting<Transport>
+class low_latency_buffer {
+  // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
+  static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
+  static constexpr const char* dispatch_op = "low-latency dispatch";
+  static constexpr const char* combine_op = "low-latency combine";
+  // Masking a lost rank needs every byte to a peer stored by this rank (no
+  // proxy holding puts to it) and a transport that can tell a peer's exit
+  // from slowness: only an exited process is certain never to write again.
+  static constexpr bool can_mask_lost_ranks = !via_proxy && tells_peer_exit<Transport>;
+
+ public:
+  using wire_type = Wire;
+  using dispatch_result = ll_dispatch_result<Wire>;
+
+  // Completes a dispatch's receive phase; returned by low_latency_dispatch_send.
+  using dispatch_hook = receive_hook<low_latency_buffer, dispatch_result, int, std::uint64_t>;
+  // Completes a combine's receive phase: returns out[T][H], valid until the
+  // next combine on the same parity.
+  using combine_hook = receive_hook<low_latency_buffer, std::span<const bf16>, int, std::uint64_t>;
+
+  // Collective: every rank of `boot` constructs its buffer with the same config.
+  template <bootstrap B>
+  low_latency_buffer(B& boot, const low_latency_config& cfg) requires transport_for<Transport, B>
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        timeout_(effective_timeout(cfg.timeout)),
+        round_scale_(cfg.round_scale),
+        mask_lost_ranks_(cfg.mask_lost_ranks),
+        shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, {}, can_mask_lost_ranks)),
+        plan_(wire::ll::plan_buffer(shape_, via_proxy)),
+        transport_(boot, plan_.total, wire::ll::signal_slots(shape_), deadline::after(timeout_)),
+        proxy_(transport_),
+        next_slot_(shape_.num_experts),
+        rows_to_rank_(world_),
+        lost_(world_, false),
+        scratch_(wire::ll::record_bytes(shape_)) {
+    token_rows_.reserve(static_cast<std::size_t>(shape_.max_topk));
+    row_weights_.reserve(static_cast<std::size_t>(shape_.max_topk));
+    if constexpr (!via_proxy)
+      require_peer_mapped(transport_, rank_, world_, "low_latency_buffer",
+                          "low-latency mode over this transport needs every rank on one node");
+    stats_.recv_tokens_per_expert.assign(shape_.local_experts(), 0);
+    stats_.dispatch_wait.assign(world_, {});
+    stats_.combine_wait.assign(world_, {});
+  }
+
+  // Over an RMA transport a peer's writes to this rank are all awaited by this
+  // rank, except the release signals of the last dispatch on each parity (a
+  // source waits for them only at its next dispatch there). Waiting for them
+  // here keeps this rank from closing its endpoint while they are in flight,
+  // which would leave the peer's teardown to wait them out. Skipped after a
+  // failure or abort; bounded by the timeout. (A dispatch whose receive hook
+  // never ran was never released by this rank itself.)
+  ~low_latency_buffer() {
+    if constexpr (via_proxy) {
+      if (broken_ || aborted_.load(std::memory_order_acquire)) return;
+      try {
+        const deadline dl = deadline::after(timeout_);
+        for (int p = 0; p < wire::ll::parities; ++p)
+          if (const std::uint64_t epoch = parity_[p].dispatch_epoch; epoch > 0)
+            for (int r = 0; r < world_; ++r)
+              if (r != rank_ || !parity_[p].dispatch_pending)
+                transport_.wait(wire::ll::released_signal(shape_, p, r), epoch, dl,
+                                {"low_latency_buffer teardown", r, "release of the last dispatch"});
+      } catch (const error&) {
+        // A peer failed or left meanwhile: the transport's teardown is bounded.
+      }
+    }
+  }
+
+  low_latency_buffer(const low_latency_buffer&) = delete;
+  low_latency_buffer& operator=(const low_latency_buffer&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const wire::ll::shape& shape() const { return shape_; }
+  Transport& transport() { return transport_; }
+
+  // Gives up on the group: this buffer refuses further calls and, through the
+  // transport's abort(), waiters in any thread of this rank and peers waiting
+  // for it throw promptly instead of at their deadlines (a transport without
+  // abort() leaves them to their deadlines). Safe from any thread, also after
+  // a failure.
+  void abort() {
+    aborted_.store(true, std::memory_order_release);
+    abort_transport();
+  }
+  const ll_stats& stats() const { return stats_; }
+  void reset_stats() {
+    std::ranges::fill(stats_.recv_tokens_per_expert, 0);
+    std::ranges::fill(stats_.dispatch_wait, std::chrono::nanoseconds{});
+    std::ranges::fill(stats_.combine_wait, std::chrono::nanoseconds{});
+    stats_.masked_contributions = 0;
+  }
+
+  // The ranks masked so far, ascending (mask_lost_ranks; empty otherwise).
+  std::vector<int> lost_ranks() const { return lost_rank_list(lost_); }
+
+  dispatch_result low_latency_dispatch(const ll_dispatch_input& in) {
+    return low_latency_dispatch_send(in)();
+  }
+
+  // The send phase only; run the returned hook before the next dispatch on
+  // this parity (the one after next).
+  dispatch_hook low_latency_dispatch_send(const ll_dispatch_input& in) {
+    ensure_usable(dispatch_op);
+    const int p = next_parity_;
+    parity_state& st = parity_[p];
+    check_ll_parity_idle(rank_, dispatch_op, p, st.dispatch_pending, st.combine_pending,
+                         "at most two calls in flight");
+    next_parity_ ^= 1;
+    const std::uint64_t epoch = ++st.dispatch_epoch;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in);
+    guarded([&] {
+      fault::inject(fault::point::low_latency, rank_, dispatch_op, [this] { abort_transport(); });
+      if (epoch > 1)
+        for (int r = 0; r < world_; ++r)
+          wait_for_peer(wire::ll::released_signal(shape_, p, r), epoch - 1, dl,
+                        {dispatch_op, r, "release of the previous dispatch region"});
+      // RMA: every put that read this parity's staging and combine_send (the
+      // previous dispatch and combine on it) must be complete before they
+      // are written again, here or by the caller once this dispatch returns.
+      if constexpr (via_proxy) proxy_.quiet(p, dl);
+      if (cause.empty())
+        send_records(p, epoch, in, dl);
+      else
+        send_rejection(p, epoch, cause, wire::ll::reject_kind::dispatch, dl);
+    });
+    st.dispatch_pending = true;
+    st.dispatch_ok = cause.empty();
+    st.num_tokens = cause.empty() ? in.num_tokens : 0;
+    st.topk = cause.empty() ? in.topk : 0;
+    if (!cause.empty()) receive_dispatch(p, epoch);  // throws after draining this epoch
+    return dispatch_hook(this, &low_latency_buffer::receive_dispatch, p, epoch);
+  }
+
+  // Where expert outputs for `h` can be written so that combine reads them in
+  // place: [E_local][R * max_tokens][H], aligned with recv_x. Pass it as y.
+  std::span<bf16> combine_send_buffer(const ll_handle& h) {
+    check_ll_handle_parity(rank_, combine_op, h.parity);
+    return {local<bf16>(h.parity, plan_.combine_send), rows_total() * shape_.hidden};
+  }
+
+  std::span<const bf16> low_latency_combine(const ll_combine_input& in, const ll_handle& h) {
+    return low_latency_combine_send(in, h)();
+  }
+
+  // The send phase only; run the returned hook before the next dispatch on
+  // this parity.
+  combine_hook low_latency_combine_send(const ll_combine_input& in, const ll_handle& h) {
+    ensure_usable(combine_op);
+    check_ll_handle_parity(rank_, combine_op, h.parity);
+    const int p = h.parity;
+    parity_state& st = parity_[p];
+    check_ll_parity_idle(rank_, combine_op, p, st.dispatch_pending, st.combine_pending);
+    check_ll_combinable(rank_, combine_op, p, st.dispatch_epoch, st.combined_epoch);
+    const std::uint64_t epoch = ++st.combine_epoch;
+    // Even a rejected combine uses this parity's combine region, so the
+    // dispatch cannot be combined again either way.
+    st.combined_epoch = st.dispatch_epoch;
+    const std::string cause = validate(in, h);
+    const deadline dl = deadline::after(timeout_);
+    guarded([&] {
+      if (cause.empty()) {
+        // Kept for the receive phase, so the caller's spans need not outlive
+        // this call.
+        float* weights = local<float>(p, plan_.combine_weights);
+        for (int t = 0; t < h.num_tokens; ++t)
+          for (int j = 0; j < h.topk; ++j)
+            weights[wire::ll::combine_row(shape_, t, j)] =
+                in.topk_weights[static_cast<std::size_t>(t) * h.topk + j];
+        return_rows(p, epoch, in.y, dl);
+      } else {
+        send_rejection(p, epoch, cause, wire::ll::reject_kind::combine, dl);
+      }
+    });
+    st.combine_pending = true;
+    st.combine_ok = cause.empty();
+    if (!cause.empty()) receive_combine(p, epoch);  // throws after draining this epoch
+    return combine_hook(this, &low_latency_buffer::receive_combine, p, epoch);
+  }
+
+ private:
+  // The proxy that issues this rank's RMA operations, with one channel (ring)
+  // per parity so that reusing a parity's staging waits only for that
+  // parity's puts; nothing for peer-mapped transports.
+  struct no_proxy {
+    explicit no_proxy(Transport&) {}
+  };
+  template <bool rma, class = void>
+  struct proxy_of {
+    using type = no_proxy;
+  };
+  template <class Unused>
+  struct proxy_of<true, Unused> {
+    struct type : proxy::engine<Transport> {
+      explicit type(Transport& t) : proxy::engine<Transport>(t, {.channels = wire::ll::parities}) {}
+    };
+  };
+  using proxy_type = typename proxy_of<via_proxy>::type;
+
+  struct parity_state {
+    std::uint64_t dispatch_epoch = 0;  // dispatches issued on this parity
+    std::uint64_t combine_epoch = 0;   // combines issued on this parity
+    std::uint64_t combined_epoch = 0;  // the dispatch epoch the last combine answered
+    bool dispatch_pending = false;     // sent, receive phase not yet run
+    bool combine_pending = false;
+    bool dispatch_ok = false;  // this rank's own input was accepted
+    bool combine_ok = false;
+    int num_tokens = 0;  // of the last accepted dispatch
+    int topk = 0;
+  };
+
+  std::size_t rows_total() const {
+    return static_cast<std::size_t>(shape_.local_experts()) * shape_.rows_per_expert();
+  }
+
+  // A local region of parity p, typed.
+  template <class T>
+  T* local(int p, std::size_t offset) {
+    return reinterpret_cast<T*>(transport_.local_buffer().data() + wire::ll::parity_base(plan_, p) +
+                                offset);
+  }
+
+  // True when this rank stores into `peer`'s buffer itself: every peer over
+  // a peer-mapped transport, only this rank over an RMA one.
+  bool direct(int peer) const { return !via_proxy || peer == rank_; }
+
+  // Offset `at` (from the start of the symmetric buffer) in the buffer of
+  // `peer`, for which direct(peer).
+  std::byte* remote(int peer, std::size_t at) {
+    if constexpr (via_proxy)
+      return transport_.local_buffer().data() + at;  // peer == rank_
+    else
+      return transport_.peer_ptr(peer, at);
+  }
+
+  // Writes `bytes` from `from` to where `to` says: stored when direct, else
+  // put by the proxy from `to.local`, where the caller staged the same bytes.
+  void write(int p, const wire::ll::rma_write& to, const void* from, const deadline& dl) {
+    if (direct(to.peer)) {
+      std::memcpy(remote(to.peer, to.remote), from, to.bytes);
+    } else if constexpr (via_proxy) {
+      enqueue(p, proxy::op_code::put, to.peer, to.local, to.remote, to.bytes, 0, dl);
+    }
+  }
+
+  // RMA path: hands one operation of parity p to the proxy; put_signal and
+  // signal add 1 to `peer`'s counter `slot` once this and every earlier write
+  // to `peer` has landed there. Offsets are from the symmetric buffer's start.
+  void enqueue(int p, proxy::op_code op, int peer, std::size_t local_off, std::size_t remote_off,
+               std::size_t bytes, std::size_t slot, const deadline& dl) {
+    proxy_.push(p, op, peer, local_off, remote_off, bytes, slot, 1, dl);
+  }
+
+  // Adds 1 to `peer`'s counter `slot` after this rank's earlier writes to it.
+  void signal_add(int p, int peer, std::size_t slot, const deadline& dl) {
+    if constexpr (via_proxy)
+      enqueue(p, proxy::op_code::signal, peer, 0, 0, 0, slot, dl);
+    else
+      transport_.signal_add(peer, slot, 1);
+  }
+
+  void ensure_usable(const char* op) const {
+    check_not_broken(rank_, op, broken_);
+    bool aborted = aborted_.load(std::memory_order_acquire);
+    if constexpr (requires { transport_.aborted(); }) aborted = aborted || transport_.aborted();
+    if (aborted) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
+  }
+
+  // A transport failure (deadline, lost peer) or a protocol violation
+  // breaks the buffer and aborts the transport (host/call_guard.hpp).
+  template <class F>
+  void guarded(F&& f) {
+    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_transport(culprit); });
+  }
+
+  void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
+
+  // See host/lost_ranks.hpp: false for a peer lost before or found lost now.
+  bool wait_for_peer(std::size_t slot, std::uint64_t expected, const deadline& dl,
+                     const wait_site& site) {
+    return wait_or_mark_lost(transport_, mask_lost_ranks_, lost_, slot, expected, dl, site);
+  }
+
+  bool expert_lost(std::int64_t e) const { return lost_[e / shape_.local_experts()]; }
+
+  [[noreturn]] void protocol_error(const char* op, int peer, const std::string& what) const {
+    throw error(rank_, op, peer, "protocol mismatch: " + what);
+  }
+
+  std::string validate(const ll_dispatch_input& in) {
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    if (std::string cause = check_ll_counts(shape_, in.num_tokens, in.topk); !cause.empty())
+      return cause;
+    const std::size_t t = static_cast<std::size_t>(in.num_tokens);
+    const std::size_t k = static_cast<std::size_t>(in.topk);
+    if (in.x.size() != t * h)
+      return "x holds " + std::to_string(in.x.size()) +
+             " elements, expected T*H = " + std::to_string(t * h);
+    if (in.topk_idx.size() != t * k)
+      return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
+             " ids, expected T*K = " + std::to_string(t * k);
+    if (auto bad = find_invalid_expert(in.topk_idx, in.topk, shape_.num_experts)) return *bad;
+    // Region (expert, this rank) has max_tokens_per_rank slots; only tokens
+    // that name an expert twice can overflow it.
+    std::ranges::fill(next_slot_, 0);
+    for (const std::int64_t e : in.topk_idx)
+      if (e >= 0 && ++next_slot_[e] > shape_.max_tokens_per_rank)
+        return "expert " + std::to_string(e) + " is named more than max_tokens_per_rank (" +
+               std::to_string(shape_.max_tokens_per_rank) +
+               ") times: a token that names an expert twice takes two of its slots";
+    return {};
+  }
+
+  std::string validate(const ll_combine_input& in, const ll_handle& h) {
+    const parity_state& st = parity_[h.parity];
+    if (std::string cause = check_ll_handle({h.parity, h.epoch, st.dispatch_epoch, st.dispatch_ok,
+                                             h.num_tokens, h.topk, st.num_tokens, st.topk});
+        !cause.empty())
+      return cause;
+    const std::size_t rows = rows_total() * shape_.hidden;
+    if (in.y.size() != rows)
+      return "y holds " + std::to_string(in.y.size()) +
+             " elements, expected E_local*R*max*H = " + std::to_string(rows);
+    const std::size_t tk = static_cast<std::size_t>(h.num_tokens) * h.topk;
+    if (in.topk_idx.size() != tk || in.topk_weights.size() != tk)
+      return "topk_idx / topk_weights hold " + std::to_string(in.topk_idx.size()) + " / " +
+             std::to_string(in.topk_weights.size()) +
+             " values, expected T*K = " + std::to_string(tk);
+    const std::int64_t* sent = local<std::int64_t>(h.parity, plan_.sent_topk_idx);
+    for (int t = 0; t < h.num_tokens; ++t)
+      for (int j = 0; j < h.topk; ++j)
+        if (in.topk_idx[static_cast<std::size_t>(t) * h.topk + j] !=
+            sent[wire::ll::combine_row(shape_, t, j)])
+          return "topk_idx[" + std::to_string(t) + "][" + std::to_string(j) +
+                 "] differs from the dispatched id";
+    return {};
+  }
+
+  void send_records(int p, std::uint64_t epoch, const ll_dispatch_input& in, const deadline& dl) {
+    const int k = in.topk;
+    const std::size_t payload = wire::ll::payload_bytes(shape_);
+    const std::size_t scales = sizeof(float) * shape_.scales_per_token();
+    std::int64_t* sent = local<std::int64_t>(p, plan_.sent_topk_idx);
+    std::ranges::fill(next_slot_, 0);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      const bf16* row = in.x.data() + static_cast<std::size_t>(t) * shape_.hidden;
+      // The record is staged once per token: fp8 casts the row once, however
+      // many experts it goes to.
+      const std::byte* body = reinterpret_cast<const std::byte*>(row);
+      if constexpr (token_traits<Wire>::has_scales) {
+        quantize_fp8_row(
+            row, shape_.hidden,
+            reinterpret_cast<fp8_e4m3*>(scratch_.data() + sizeof(wire::ll::record_header)),
+            reinterpret_cast<float*>(scratch_.data() + wire::ll::scales_offset(shape_)),
+            round_scale_);
+        body = scratch_.data() + sizeof(wire::ll::record_header);
+      }
+      for (int j = 0; j < k; ++j) {
+        const std::int64_t e = in.topk_idx[static_cast<std::size_t>(t) * k + j];
+        sent[wire::ll::combine_row(shape_, t, j)] = e;
+        if (e < 0 || expert_lost(e)) continue;  // a lost rank's rows are not delivered
+        const int slot = next_slot_[e]++;
+        const wire::ll::record_header hdr{{rank_, t, j}, 0};
+        std::byte* rec = outgoing_record(static_cast<int>(e), slot, p);
+        std::memcpy(rec, &hdr, sizeof hdr);
+        std::memcpy(rec + sizeof hdr, body, payload);
+        if (scales != 0)
+          std::memcpy(rec + wire::ll::scales_offset(shape_),
+                      scratch_.data() + wire::ll::scales_offset(shape_), scales);
+      }
+    }
+    for (int e = 0; e < shape_.num_experts; ++e)
+      if (!expert_lost(e))
+        publish_dispatch_count(e, p, {epoch, next_slot_[e], wire::ll::state::ok}, dl);
+  }
+
+  // Where this rank writes record `slot` for expert e: straight into region
+  // (e's local index, this rank) on e's rank, or (RMA) into its staging, by
+  // destination expert, for the proxy to put with the count word.
+  std::byte* outgoing_record(int e, int slot, int p) {
+    const wire::ll::rma_write region = wire::ll::records_write(shape_, plan_, p, rank_, e, 0);
+    const std::size_t at = static_cast<std::size_t>(slot) * wire::ll::record_bytes(shape_);
+    if (direct(region.peer)) return remote(region.peer, region.remote + at);
+    return transport_.local_buffer().data() + region.local + at;
+  }
+
+  // Count word (and, over RMA, the staged records before it) of region
+  // (expert e, this rank), then its signal.
+  void publish_dispatch_count(int e, int p, const wire::ll::count_word& w, const deadline& dl) {
+    if constexpr (via_proxy) {
+      const wire::ll::rma_write recs = wire::ll::records_write(shape_, plan_, p, rank_, e, w.count);
+      if (!direct(recs.peer) && w.count > 0)
+        enqueue(p, proxy::op_code::put, recs.peer, recs.local, recs.remote, recs.bytes, 0, dl);
+    }
+    publish_count(p, wire::ll::dispatch_count_write(shape_, plan_, p, rank_, e), w, dl);
+  }
+
+  void publish_combine_count(int src, int p, const wire::ll::count_word& w, const deadline& dl) {
+    publish_count(p, wire::ll::combine_count_write(shape_, plan_, p, rank_, src), w, dl);
+  }
+
+  // Count word `w` to where `to` says in its peer's buffer, then one add to
+  // its signal; over RMA, staged where `to` says and put with the signal.
+  void publish_count(int p, const wire::ll::rma_write& to, const wire::ll::count_word& w,
+                     const deadline& dl) {
+    if constexpr (via_proxy) {
+      std::memcpy(transport_.local_buffer().data() + to.local, &w, sizeof w);
+      enqueue(p, proxy::op_code::put_signal, to.peer, to.local, to.remote, to.bytes, to.slot, dl);
+    } else {
+      std::memcpy(remote(to.peer, to.remote), &w, sizeof w);
+      transport_.signal_add(to.peer, to.slot, 1);
+    }
+  }
+
+  // Tells every peer, through the count words this rank owes it, that this
+  // call is rejected and why. No record moves.
+  void send_rejection(int p, std::uint64_t epoch, const std::string& cause,
+                      wire::ll::reject_kind kind, const deadline& dl) {
+    wire::ll::reject_record rec{};
+    rec.epoch = epoch;
+    std::strncpy(rec.cause, cause.c_str(), sizeof(rec.cause) - 1);
+    if constexpr (via_proxy)
+      std::memcpy(transport_.local_buffer().data() +
+                      wire::ll::reject_write(shape_, plan_, p, rank_, kind, rank_).local,
+                  &rec, sizeof rec);
+    const wire::ll::count_word w{epoch, 0, wire::ll::state::rejected};
+    for (int r = 0; r < world_; ++r) {
+      if (lost_[r]) continue;
+      write(p, wire::ll::reject_write(shape_, plan_, p, rank_, kind, r), &rec, dl);
+      if (kind == wire::ll::reject_kind::dispatch)
+        for (int le = 0; le < shape_.local_experts(); ++le)
+          publish_dispatch_count(r * shape_.local_experts() + le, p, w, dl);
+      else
+        publish_combine_count(r, p, w, dl);
+    }
+  }
+
+  std::string reject_cause(int p, int sender, wire::ll::reject_kind kind, std::uint64_t epoch,
+                           const char* op) {
+    const auto* rec = local<const wire::ll::reject_record>(p, plan_.rejects) +
+                      static_cast<std::size_t>(kind) * world_ + sender;
+    if (rec->epoch != epoch)
+      protocol_error(op, sender,
+                     "reject record of epoch " + std::to_string(rec->epoch) + ", expected " +
+                         std::to_string(epoch));
+    return std::string(rec->cause, strnlen(rec->cause, sizeof rec->cause));
+  }
+
+  // The error every rank throws for a call some rank rejected: a rank whose own
+  // input was bad reports its cause, the others name the first rejecting rank.
+  // Reads the reject record, so it must run before this rank releases the
+  // region (a peer may then reject its next call and overwrite the record).
+  error rejection(const char* op, int p, std::uint64_t epoch, wire::ll::reject_kind kind,
+                  bool self_ok, int rejecting) {
+    const int culprit = self_ok ? rejecting : rank_;
+    const std::string cause = reject_cause(p, culprit, kind, epoch, op);
+    if (!self_ok) return error(rank_, op, no_peer, "invalid input: " + cause);
+    return error(rank_, op, culprit, "that rank rejected the call: " + cause);
+  }
+
+  // Copies the n records of region (local expert le, source s) into rows
+  // [begin, begin + n) of le's packed outputs.
+  void unpack(int p, int le, int s, int n, int begin) {
+    const std::size_t rb = wire::ll::record_bytes(shape_);
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const std::size_t ns = static_cast<std::size_t>(shape_.scales_per_token());
+    const std::size_t first =
+        static_cast<std::size_t>(le) * shape_.rows_per_expert() + static_cast<std::size_t>(begin);
+    const std::byte* rec = local<const std::byte>(p, plan_.dispatch_recv) +
+                           wire::ll::record_index(shape_, le, s, 0) * rb;
+    Wire* x = local<Wire>(p, plan_.recv_x) + first * h;
+    float* scales = local<float>(p, plan_.recv_scales) + first * ns;
+    wire::ll::source* src = local<wire::ll::source>(p, plan_.recv_src) + first;
+    for (int i = 0; i < n; ++i, rec += rb) {
+      wire::ll::record_header hdr;
+      std::memcpy(&hdr, rec, sizeof hdr);
+      // Combine writes into the source's buffer at (token, topk slot): a
+      // header out of range must never get that far.
+      if (hdr.src.rank != s || hdr.src.token < 0 || hdr.src.token >= shape_.max_tokens_per_rank ||
+          hdr.src.topk_slot < 0 || hdr.src.topk_slot >= shape_.max_topk)
+        protocol_error(dispatch_op, s,
+                       "record " + std::to_string(i) + " names rank " +
+                           std::to_string(hdr.src.rank) + ", token " +
+                           std::to_string(hdr.src.token) + ", top-k slot " +
+                           std::to_string(hdr.src.topk_slot));
+      std::memcpy(x + i * h, rec + sizeof hdr, h * sizeof(Wire));
+      if (ns != 0)
+        std::memcpy(scales + i * ns, rec + wire::ll::scales_offset(shape_), ns * sizeof(float));
+      src[i] = hdr.src;
+    }
+  }
+
+  dispatch_result receive_dispatch(int p, std::uint64_t epoch) {
+    ensure_usable(dispatch_op);
+    parity_state& st = parity_[p];
+    if (!st.dispatch_pending || st.dispatch_epoch != epoch)
+      throw error(rank_, dispatch_op, no_peer, "this dispatch's receive hook already ran");
+    const deadline dl = deadline::after(timeout_);
+    const int el = shape_.local_experts();
+    const int max = shape_.max_tokens_per_rank;
+    const auto* counts = local<const wire::ll::count_word>(p, plan_.dispatch_counts);
+    auto* ranges = local<wire::ll::range>(p, plan_.recv_range);
+    auto* recv_count = local<std::int32_t>(p, plan_.recv_count);
+    std::fill_n(recv_count, el, 0);
+    int rejecting = -1;
+    std::optional<error> failure;
+    guarded([&] {
+      // Source by source, so that a source's records are packed while later
+      // sources are still arriving, and so that its offsets are known.
+      for (int s = 0; s < world_; ++s) {
+        const auto start = steady::now();
+        bool arrived = true;
+        for (int le = 0; le < el && arrived; ++le)
+          arrived = wait_for_peer(wire::ll::dispatch_signal(shape_, p, le, s), epoch, dl,
+                                  {dispatch_op, s, "dispatch records"});
+        stats_.dispatch_wait[s] += steady::now() - start;
+        if (!arrived) {  // lost: nothing of its is read, even records that landed
+          for (int le = 0; le < el; ++le)
+            ranges[static_cast<std::size_t>(le) * world_ + s] = {recv_count[le], 0};
+          continue;
+        }
+        for (int le = 0; le < el; ++le) {
+          const wire::ll::count_word w = counts[static_cast<std::size_t>(le) * world_ + s];
+          if (w.epoch != epoch)
+            protocol_error(dispatch_op, s,
+                           "count word of epoch " + std::to_string(w.epoch) + ", expected " +
+                               std::to_string(epoch));
+          if (w.status == wire::ll::state::rejected) {
+            if (rejecting < 0) rejecting = s;
+            continue;
+          }
+          if (w.count < 0 || w.count > max)
+            protocol_error(dispatch_op, s,
+                           std::to_string(w.count) + " records announced, at most " +
+                               std::to_string(max) + " fit");
+          if (rejecting >= 0 || !st.dispatch_ok) continue;  // the call fails: only drain
+          ranges[static_cast<std::size_t>(le) * world_ + s] = {recv_count[le], w.count};
+          unpack(p, le, s, w.count, recv_count[le]);
+          recv_count[le] += w.count;
+        }
+      }
+      if (!st.dispatch_ok || rejecting >= 0)
+        failure.emplace(rejection(dispatch_op, p, epoch, wire::ll::reject_kind::dispatch,
+                                  st.dispatch_ok, rejecting));
+      // Every record of this parity has been read: sources may write it again.
+      for (int r = 0; r < world_; ++r)
+        if (!lost_[r]) signal_add(p, r, wire::ll::released_signal(shape_, p, rank_), dl);
+    });
+    st.dispatch_pending = false;
+    if (failure) {
+      st.dispatch_ok = false;  // no handle of this epoch may be combined
+      throw *failure;
+    }
+    for (int le = 0; le < el; ++le) stats_.recv_tokens_per_expert[le] += recv_count[le];
+    const std::size_t rows = rows_total();
+    dispatch_result res;
+    res.recv_x = {local<const Wire>(p, plan_.recv_x), rows * shape_.hidden};
+    if constexpr (token_traits<Wire>::has_scales)
+      res.recv_x_scales = {local<const float>(p, plan_.recv_scales),
+                           rows * shape_.scales_per_token()};
+    res.recv_count = {recv_count, static_cast<std::size_t>(el)};
+    res.recv_src = {local<const wire::ll::source>(p, plan_.recv_src), rows};
+    res.recv_range = {ranges, static_cast<std::size_t>(el) * world_};
+    res.handle = {p, epoch, st.num_tokens, st.topk};
+    return res;
+  }
+
+  // Sends every received row's expert output back to slot (token, top-k slot)
+  // of its source, then a count word per source.
+  void return_rows(int p, std::uint64_t epoch, std::span<const bf16> y, const deadline& dl) {
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const auto* src = local<const wire::ll::source>(p, plan_.recv_src);
+    const auto* recv_count = local<const std::int32_t>(p, plan_.recv_count);
+    if constexpr (via_proxy) stage_combine_rows(p, y);
+    std::ranges::fill(rows_to_rank_, 0);
+    for (int le = 0; le < shape_.local_experts(); ++le) {
+      const std::size_t first = static_cast<std::size_t>(le) * shape_.rows_per_expert();
+      for (std::size_t row = first; row < first + recv_count[le]; ++row) {
+        const wire::ll::source& s = src[row];
+        if (lost_[s.rank]) continue;
+        write(p, wire::ll::combine_row_write(shape_, plan_, p, row, s), y.data() + row * h, dl);
+        ++rows_to_rank_[s.rank];
+      }
+    }
+    for (int s = 0; s < world_; ++s)
+      if (!lost_[s])
+        publish_combine_count(s, p, {epoch, rows_to_rank_[s], wire::ll::state::ok}, dl);
+  }
+
+  // RMA path: the proxy puts combine rows from combine_send, where the caller
+  // may already have written them (zero copy); otherwise each local expert's
+  // valid rows are copied there, in one block.
+  void stage_combine_rows(int p, std::span<const bf16> y) {
+    bf16* send = local<bf16>(p, plan_.combine_send);
+    if (y.data() == send) return;
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const auto* recv_count = local<const std::int32_t>(p, plan_.recv_count);
+    const auto begin = reinterpret_cast<std::uintptr_t>(send);
+    const auto y_begin = reinterpret_cast<std::uintptr_t>(y.data());
+    if (y_begin < begin + y.size_bytes() && begin < y_begin + y.size_bytes()) {
+      // y overlaps combine_send without being it: one move keeps every row intact.
+      std::memmove(send, y.data(), y.size_bytes());
+      return;
+    }
+    for (int le = 0; le < shape_.local_experts(); ++le) {
+      const std::size_t first = static_cast<std::size_t>(le) * shape_.rows_per_expert() * h;
+      std::memcpy(send + first, y.data() + first, recv_count[le] * h * sizeof(bf16));
+    }
+  }
+
+  std::span<const bf16> receive_combine(int p, std::uint64_t epoch) {
+    ensure_usable(combine_op);
+    parity_state& st = parity_[p];
+    if (!st.combine_pending || st.combine_epoch != epoch)
+      throw error(rank_, combine_op, no_peer, "this combine's receive hook already ran");
+    const deadline dl = deadline::after(timeout_);
+    const int t_count = st.num_tokens;
+    const int k = st.topk;
+    const int per_rank = shape_.local_experts();
+    const auto* sent = local<const std::int64_t>(p, plan_.sent_topk_idx);
+    // Rows each expert rank owes this rank: one per routed (token, top-k slot).
+    std::ranges::fill(rows_to_rank_, 0);
+    for (int t = 0; t < t_count; ++t)
+      for (int j = 0; j < k; ++j)
+        if (const std::int64_t e = sent[wire::ll::combine_row(shape_, t, j)]; e >= 0)
+          ++rows_to_rank_[e / per_rank];
+    const auto* counts = local<const wire::ll::count_word>(p, plan_.combine_counts);
+    int rejecting = -1;
+    guarded([&] {
+      for (int r = 0; r < world_; ++r) {
+        const auto start = steady::now();
+        const bool arrived = wait_for_peer(wire::ll::combine_signal(shape_, p, r), epoch, dl,
+                                           {combine_op, r, "combined rows"});
+        stats_.combine_wait[r] += steady::now() - start;
+        if (!arrived) continue;  // lost: reduce skips its rows
+        const wire::ll::count_word w = counts[r];
+        if (w.epoch != epoch)
+          protocol_error(combine_op, r,
+                         "count word of epoch " + std::to_string(w.epoch) + ", expected " +
+                             std::to_string(epoch));
+        if (w.status == wire::ll::state::rejected) {
+          if (rejecting < 0) rejecting = r;
+        } else if (st.combine_ok && w.count != rows_to_rank_[r]) {
+          protocol_error(combine_op, r,
+                         std::to_string(w.count) + " rows returned, " +
+                             std::to_string(rows_to_rank_[r]) + " dispatched there");
+        }
+      }
+    });
+    st.combine_pending = false;
+    if (!st.combine_ok || rejecting >= 0) {
+      std::optional<error> failure;
+      guarded([&] {
+        failure.emplace(rejection(combine_op, p, epoch, wire::ll::reject_kind::combine,
+                                  st.combine_ok, rejecting));
+      });
+      throw *failure;
+    }
+    reduce(p, t_count, k);
+    return {local<const bf16>(p, plan_.combine_out),
+            static_cast<std::size_t>(t_count) * shape_.hidden};
+  }
+
+  // out[t] = sum over routed slots j of weight[t][j] * row(t, j), in fp32 and
+  // in slot order, rounded to bf16 once; a slot whose expert's rank is lost
+  // is left out (and counted), as if its weight were 0.
+  void reduce(int p, int t_count, int k) {
+    const std::size_t h = static_cast<std::size_t>(shape_.hidden);
+    const auto* sent = local<const std::int64_t>(p, plan_.sent_topk_idx);
+    const auto* weights = local<const float>(p, plan_.combine_weights);
+    const auto* rows = local<const bf16>(p, plan_.combine_recv);
+    bf16* out = local<bf16>(p, plan_.combine_out);
+    for (int t = 0; t < t_count; ++t) {
+      token_rows_.clear();
+      row_weights_.clear();
+      for (int j = 0; j < k; ++j) {
+        const std::size_t slot = wire::ll::combine_row(shape_, t, j);
+        if (sent[slot] < 0) continue;
+        if (expert_lost(sent[slot])) {
+          ++stats_.masked_contributions;
+          continue;
+        }
+        token_rows_.push_back(rows + slot * h);
+        row_weights_.push_back(weights[slot]);
+      }
+      reduce_token_weighted<bf16, bf16>(out + static_cast<std::size_t>(t) * h, h, token_rows_,
+                                        row_weights_.data());
+    }
+  }
+
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  bool round_scale_;
+  bool mask_lost_ranks_;
+  wire::ll::shape shape_;
+  wire::ll::plan plan_;
+  Transport transport_;
+  proxy_type proxy_;  // after transport_: it stops before the transport closes
+  parity_state parity_[wire::ll::parities];
+  int next_parity_ = 0;
+  // Per-call scratch, sized once here so that no call allocates.
+  std::vector<int> next_slot_;           // [E] records written to each expert
+  std::vector<int> rows_to_rank_;        // [R] combine rows per rank
+  std::vector<bool> lost_;               // [R] masked: its process exited (mask_lost_ranks)
+  std::vector<std::byte> scratch_;       // one staged record
+  std::vector<const bf16*> token_rows_;  // one token's rows in the reduction, [<= K]
+  std::vector<float> row_weights_;       // and their weights
+  ll_stats stats_;
+  std::optional<std::string> broken_;
+  std::atomic<bool> aborted_{false};  // abort() was called, maybe from another thread
+};
+
+}  // namespace epcomm

@@ -1,0 +1,570 @@
+// epcomm::cuda::low_latency_device_buffer: low-latency (decode / rollout)
+// dispatch and combine with CUDA kernels as the producers, over a device
+// transport (nvlink_ipc: kernels store into peers), or over an RMA transport
+// (libfabric, UCX: kernels stage in this rank's buffer and hand puts to the
+// GPU-fed proxy; device_link.hpp, low_latency/route.hpp). The protocol, the
+// wire format (low_latency/wire.hpp) and the error messages are the host
+// engine's (low_latency/buffer.hpp): a rank running this buffer and one running the
+// host engine exchange the same bytes. Only the producer differs: kernels on
+// a stream instead of the calling thread.
+//
+// Every call is two kernels, send and receive, and both phases can be
+// launched apart (the *_send functions return a hook that launches the
+// receive phase), so that a framework overlaps compute with communication.
+// Nothing is allocated per call and no launch size depends on the routing;
+// call counters live on the device: the calls can be captured in a CUDA graph
+// and replayed. Inputs and outputs are device pointers; results are device
+// views into the buffer.
+//
+// Calls do not synchronise with the host. A failure a kernel finds (a
+// deadline, a rejected call, a protocol violation) is recorded on the device
+// and thrown by the next synchronize(stream), with the host engine's message.
+// Input the host can already judge (too many tokens, null pointers, a stale
+// handle) is rejected at once outside of a graph capture, after the same
+// exchange that tells every peer, as the host engine does.
+//
+// Host code (g++) can use this header: kernels are reached through the
+// runtime switch (low_latency/cuda/registry.hpp), filled by .cu files that use
+// low_latency/cuda/instantiate.cuh.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/cuda/device_link.hpp"
+#include "epcomm/low_latency/cuda/checks.hpp"
+#include "epcomm/low_latency/cuda/launch.hpp"
+#include "epcomm/low_latency/cuda/registry.hpp"
+#include "epcomm/low_latency/report.hpp"
+#include "epcomm/transport/peer_table.hpp"
+#include "epcomm/core/cuda_check.hpp"
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/low_latency/arguments.hpp"
+#include "epcomm/low_latency/wire.hpp"
+#include "epcomm/transport/rma/symmetric_memory.hpp"
+#include "epcomm/low_latency/receive_hook.hpp"
+#include "epcomm/host/require_peer_mapped.hpp"
+#include "epcomm/core/token_types.hpp"
+
+namespace epcomm::cuda {
+
+struct ll_device_dispatch_input {
+  int num_tokens = 0;
+  int topk = 0;
+  const bf16* x = nullptr;                 // [T][hidden]
+  const std::int64_t* topk_idx = nullptr;  // [T][K], -1 = no expert
+};
+
+// Names one dispatch so that combine can send expert outputs back along it.
+// Plain data; valid until the next dispatch on the same parity.
+struct ll_device_handle {
+  int parity = -1;
+  std::uint64_t dispatch = 0;  // which dispatch of its parity (counted on the host)
+  int num_tokens = 0;
+  int topk = 0;
+};
+
+// Device views, laid out as the host engine's ll_dispatch_result: rows of
+// each local expert packed by source rank, then token, then top-k slot; rows
+// [0, recv_count[e]) of expert e are valid. Valid until the next dispatch on
+// the same parity (two dispatches later), once the stream got there.
+template <class Wire>
+struct ll_device_dispatch_result {
+  const Wire* recv_x = nullptr;                 // [E_local][R * max_tokens][H]
+  const float* recv_x_scales = nullptr;         // [E_local][R * max_tokens][H / 128], fp8 wire
+  const std::int32_t* recv_count = nullptr;     // [E_local]
+  const wire::ll::source* recv_src = nullptr;   // [E_local][R * max_tokens]
+  const wire::ll::range* recv_range = nullptr;  // [E_local][R]
+  ll_device_handle handle;
+};
+
+struct ll_device_combine_input {
+  // [E_local][R * max_tokens][H] expert outputs aligned with recv_x; may be
+  // combine_send_buffer(handle) (zero copy).
+  const bf16* y = nullptr;
+  const std::int64_t* topk_idx = nullptr;  // [T][K], the dispatched ids
+  const float* topk_weights = nullptr;     // [T][K]
+};
+
+template <device_buffer_transport Transport, class Wire = bf16>
+requires std::same_as<Wire, bf16> || std::same_as<Wire, fp8_e4m3>
+class low_latency_device_buffer {
+  static constexpr const char* dispatch_op = "low-latency dispatch";
+  static constexpr const char* combine_op = "low-latency combine";
+  static constexpr bool via_proxy = device_link<Transport>::via_proxy;
+
+ public:
+  using wire_type = Wire;
+  using dispatch_result = ll_device_dispatch_result<Wire>;
+
+  // Launches a dispatch's receive phase; returned by dispatch_send.
+  using dispatch_hook =
+      receive_hook<low_latency_device_buffer, dispatch_result, int, std::uint64_t, cudaStream_t>;
+  // Launches a combine's receive phase and returns out[T][H] (a device
+  // pointer); returned by combine_send.
+  using combine_hook =
+      receive_hook<low_latency_device_buffer, const bf16*, int, std::uint64_t, cudaStream_t>;
+
+  // Collective: every rank constructs its buffer with the same config, with
+  // the CUDA device it uses already current. Over an RMA transport,
+  // `rma_memory` places the symmetric buffer: in that device's memory
+  // (GPUDirect RDMA: the provider must support FI_HMEM / UCX CUDA memory;
+  // chosen as usual with FI_PROVIDER or UCX_TLS), or in host memory mapped
+  // into the device, for fabric libraries without CUDA support (kernels then
+  // read and write it over PCIe, results included). Unused over nvlink_ipc.
+  template <bootstrap B>
+  requires std::constructible_from<Transport, B&, std::size_t, std::size_t, deadline>
+  low_latency_device_buffer(B& boot, const low_latency_config& cfg,
+                            proxy::memory_kind rma_memory = proxy::memory_kind::cuda_device)
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        timeout_(effective_timeout(cfg.timeout)),
+        round_scale_(cfg.round_scale),
+        shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, device_limits(cfg, world_))),
+        plan_(wire::ll::plan_buffer(shape_, via_proxy)),
+        // A channel per parity, and one for the abort relay.
+        link_(boot, plan_.total, ll_device_signal_slots(shape_), timeout_, rma_memory,
+              wire::ll::parities + 1) {
+    if constexpr (!via_proxy)
+      require_peer_mapped(link_.transport(), rank_, world_, "low_latency_buffer",
+                          "the device path needs every rank in one NVLink domain");
+    try {
+      allocate_workspace();
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  low_latency_device_buffer(const low_latency_device_buffer&) = delete;
+  low_latency_device_buffer& operator=(const low_latency_device_buffer&) = delete;
+  // Work still queued on a stream must have finished (synchronize()). Over
+  // an RMA transport, as the host engine, it first waits (bounded) for every
+  // peer's release of this rank's last dispatches, so that this rank's
+  // endpoint does not close under them.
+  ~low_latency_device_buffer() {
+    if constexpr (via_proxy) await_last_releases();
+    release();
+  }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const wire::ll::shape& shape() const { return shape_; }
+  const wire::ll::plan& plan() const { return plan_; }
+  // The start of this rank's symmetric buffer, as kernels address it.
+  std::byte* local_device_buffer() { return local<std::byte>(0, 0); }
+  Transport& transport() { return link_.transport(); }
+
+  dispatch_result dispatch(const ll_device_dispatch_input& in, cudaStream_t stream = nullptr) {
+    return dispatch_send(in, stream)();
+  }
+
+  // The send phase only; run the returned hook before the next dispatch on
+  // this parity (the one after next).
+  dispatch_hook dispatch_send(const ll_device_dispatch_input& in, cudaStream_t stream = nullptr) {
+    ensure_usable(dispatch_op);
+    const int p = next_parity_;
+    parity_state& st = parity_[p];
+    check_ll_parity_idle(rank_, dispatch_op, p, st.dispatch_pending, st.combine_pending,
+                         "at most two calls in flight");
+    next_parity_ ^= 1;
+    const std::uint64_t number = ++st.dispatches;
+    const std::string cause = check_ll_dispatch(
+        shape_, {in.num_tokens, in.topk, in.x != nullptr, in.topk_idx != nullptr});
+    ll_args& a = st.dispatch_args;
+    a = base_args(p, cause);
+    // A rejected call moves nothing: the kernels read no input.
+    a.num_tokens = cause.empty() ? in.num_tokens : 0;
+    a.topk = cause.empty() ? in.topk : 0;
+    a.x = in.x;
+    a.topk_idx = in.topk_idx;
+    st.dispatch_kernels = kernels_for(ll_kernel_registry::dispatch(), token_traits<Wire>::id,
+                                      dispatch_op, aligned(in.x));
+    launch(dispatch_op, st.dispatch_kernels.send(a, stream));
+    st.dispatch_pending = true;
+    st.dispatch_accepted = cause.empty();
+    st.num_tokens = a.num_tokens;
+    st.topk = a.topk;
+    if (!cause.empty() && !capturing(stream)) {
+      receive_dispatch(p, number, stream);
+      finish(stream, dispatch_op);  // throws the rejection every rank now sees
+      throw error(rank_, dispatch_op, no_peer, "internal: a rejected dispatch was not reported");
+    }
+    return dispatch_hook(this, &low_latency_device_buffer::receive_dispatch, p, number, stream);
+  }
+
+  // Where expert outputs for `h` can be written so that combine reads them in
+  // place: [E_local][R * max_tokens][H], aligned with recv_x. Pass it as y.
+  bf16* combine_send_buffer(const ll_device_handle& h) {
+    check_ll_handle_parity(rank_, combine_op, h.parity);
+    return local<bf16>(h.parity, plan_.combine_send);
+  }
+
+  // out: [T][H] on the device, or null for the buffer's own combine output
+  // (valid until the next combine on the same parity).
+  const bf16* combine(const ll_device_combine_input& in, const ll_device_handle& h,
+                      cudaStream_t stream = nullptr, bf16* out = nullptr) {
+    return combine_send(in, h, stream, out)();
+  }
+
+  // The send phase only; run the returned hook before the next dispatch on
+  // this parity.
+  combine_hook combine_send(const ll_device_combine_input& in, const ll_device_handle& h,
+                            cudaStream_t stream = nullptr, bf16* out = nullptr) {
+    ensure_usable(combine_op);
+    check_ll_handle_parity(rank_, combine_op, h.parity);
+    const int p = h.parity;
+    parity_state& st = parity_[p];
+    check_ll_parity_idle(rank_, combine_op, p, st.dispatch_pending, st.combine_pending);
+    check_ll_combinable(rank_, combine_op, p, st.dispatches, st.combined);
+    const std::uint64_t number = ++st.combines;
+    // Even a rejected combine uses this parity's combine region, so the
+    // dispatch cannot be combined again either way.
+    st.combined = st.dispatches;
+    const std::string cause = check_ll_combine(
+        {p, h.dispatch, st.dispatches, st.dispatch_accepted, h.num_tokens, h.topk, st.num_tokens,
+         st.topk, in.y != nullptr, in.topk_idx != nullptr, in.topk_weights != nullptr});
+    ll_args& a = st.combine_args;
+    a = base_args(p, cause);
+    a.num_tokens = cause.empty() ? h.num_tokens : 0;
+    a.topk = cause.empty() ? h.topk : 0;
+    a.y = in.y;
+    a.topk_idx = in.topk_idx;
+    a.topk_weights = in.topk_weights;
+    a.out = out != nullptr ? out : local<bf16>(p, plan_.combine_out);
+    st.combine_kernels = kernels_for(ll_kernel_registry::combine(), token_traits<bf16>::id,
+                                     combine_op, aligned(in.y) && aligned(a.out));
+    launch(combine_op, st.combine_kernels.send(a, stream));
+    st.combine_pending = true;
+    if (!cause.empty() && !capturing(stream)) {
+      receive_combine(p, number, stream);
+      finish(stream, combine_op);  // throws the rejection every rank now sees
+      throw error(rank_, combine_op, no_peer, "internal: a rejected combine was not reported");
+    }
+    return combine_hook(this, &low_latency_device_buffer::receive_combine, p, number, stream);
+  }
+
+  // Waits, with a deadline, for everything this buffer enqueued on `stream`
+  // and throws the first failure any of it recorded. Not while capturing.
+  void synchronize(cudaStream_t stream = nullptr) {
+    ensure_usable("synchronize");
+    if (capturing(stream))
+      throw error(rank_, "synchronize", no_peer,
+                  "the stream is being captured; synchronize after replaying the graph");
+    finish(stream, "synchronize");
+  }
+
+  // Cumulative per-rank counters, as the host engine's stats(): rows received
+  // per local expert, and time blocked on each source (dispatch) and each
+  // expert rank (combine), measured on the device. Reads them after the work
+  // already on `stream`.
+  ll_stats stats(cudaStream_t stream = nullptr) {
+    const int el = shape_.local_experts();
+    const std::size_t n = static_cast<std::size_t>(el) + 2 * static_cast<std::size_t>(world_);
+    check(cudaMemcpyAsync(host_stats_, ws_.recv_tokens, n * sizeof(std::uint64_t),
+                          cudaMemcpyDeviceToHost, stream),
+          "stats", "cudaMemcpyAsync(stats)");
+    wait_stream(stream, "stats");
+    ll_stats out;
+    out.recv_tokens_per_expert.assign(host_stats_, host_stats_ + el);
+    for (int r = 0; r < world_; ++r) {
+      out.dispatch_wait.emplace_back(static_cast<std::int64_t>(host_stats_[el + r]));
+      out.combine_wait.emplace_back(static_cast<std::int64_t>(host_stats_[el + world_ + r]));
+    }
+    return out;
+  }
+
+  void reset_stats(cudaStream_t stream = nullptr) {
+    const std::size_t n =
+        static_cast<std::size_t>(shape_.local_experts()) + 2 * static_cast<std::size_t>(world_);
+    check(cudaMemsetAsync(ws_.recv_tokens, 0, n * sizeof(std::uint64_t), stream), "stats",
+          "cudaMemsetAsync(stats)");
+  }
+
+ private:
+  struct parity_state {
+    std::uint64_t dispatches = 0;   // dispatches issued on this parity
+    std::uint64_t combines = 0;     // combines issued on this parity
+    std::uint64_t combined = 0;     // the dispatch number the last combine answered
+    bool dispatch_pending = false;  // sent, receive phase not yet launched
+    bool combine_pending = false;
+    bool dispatch_accepted = false;  // the host found nothing wrong with this rank's input
+    int num_tokens = 0;              // of the last dispatch
+    int topk = 0;
+    // What the receive phase launches with: the send phase's arguments.
+    ll_args dispatch_args{};
+    ll_args combine_args{};
+    ll_kernel_pair dispatch_kernels{};
+    ll_kernel_pair combine_kernels{};
+  };
+
+  // Whether this device can stage a record in shared memory; the answer joins
+  // the collective config agreement, so every rank fails together.
+  static std::string device_limits(const low_latency_config& cfg, int world) {
+    if (cfg.num_experts < 1 || cfg.hidden < 1 || cfg.max_topk < 1 || world < 1) return {};
+    const wire::ll::shape s{world,
+                            cfg.num_experts,
+                            cfg.hidden,
+                            cfg.max_topk,
+                            cfg.max_tokens_per_rank,
+                            static_cast<int>(sizeof(Wire)),
+                            token_traits<Wire>::has_scales};
+    int device = 0, limit = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess)
+      return "cannot query the current CUDA device";
+    const std::size_t need = ll_send_shared_bytes(s);
+    if (need > static_cast<std::size_t>(limit))
+      return "hidden " + std::to_string(cfg.hidden) + " needs " + std::to_string(need) +
+             " bytes of shared memory per block to stage a record; the device has " +
+             std::to_string(limit);
+    return {};
+  }
+
+  template <class T>
+  T* local(int p, std::size_t offset) {
+    return reinterpret_cast<T*>(link_.local_buffer() + wire::ll::parity_base(plan_, p) + offset);
+  }
+
+  // Over RMA: see the destructor. Skipped after a failure; bounded.
+  void await_last_releases() noexcept {
+    if (broken_ || workspace_ == nullptr) return;
+    try {
+      std::uint64_t epochs[wire::ll::parities] = {};
+      if (cudaMemcpy(epochs, ws_.dispatch_epoch, sizeof epochs, cudaMemcpyDeviceToHost) !=
+          cudaSuccess)
+        return;
+      const deadline dl = deadline::after(timeout_);
+      for (int p = 0; p < wire::ll::parities; ++p)
+        if (epochs[p] > 0)
+          for (int r = 0; r < world_; ++r)
+            if (r != rank_ || !parity_[p].dispatch_pending)
+              link_.transport().wait(
+                  wire::ll::released_signal(shape_, p, r), epochs[p], dl,
+                  {"low_latency_buffer teardown", r, "release of the last dispatch"});
+    } catch (const error&) {
+      // A peer failed or left meanwhile: the transport's teardown is bounded.
+    }
+  }
+
+  static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+  void ensure_usable(const char* op) const {
+    if (broken_)
+      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+  }
+
+  void check(cudaError_t status, const char* op, const char* call) {
+    check_cuda(status, rank_, op, no_peer, call);
+  }
+
+  ll_args base_args(int p, const std::string& cause) {
+    ll_args a{};
+    a.peers = link_.peers();
+    if constexpr (via_proxy) {
+      a.route.via_proxy = 1;
+      for (int q = 0; q < wire::ll::parities; ++q) a.route.parity[q] = link_.channel(q);
+      a.route.abort = link_.channel(wire::ll::parities);
+    }
+    a.shape = shape_;
+    a.plan = plan_;
+    a.ws = ws_;
+    a.parity = p;
+    a.round_scale = round_scale_ ? 1 : 0;
+    a.sm_count = sm_count_;
+    a.timeout_ns = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count());
+    std::memset(a.host_cause, 0, sizeof a.host_cause);
+    std::memcpy(a.host_cause, cause.data(), std::min(cause.size(), sizeof a.host_cause - 1));
+    return a;
+  }
+
+  ll_kernel_pair kernels_for(const ll_kernel_registry& registry, int wire_id, const char* op,
+                             bool vector_aligned) const {
+    ll_kernel_pair k{};
+    if (!registry.find(wire_id, shape_.hidden, vector_aligned, k))
+      throw error(rank_, op, no_peer,
+                  "no CUDA kernels fit hidden " + std::to_string(shape_.hidden) +
+                      " (instantiated: " + registry.describe(wire_id) +
+                      "); link a .cu file that uses EPCOMM_CUDA_INSTANTIATE_LOW_LATENCY(epcomm::" +
+                      std::string(token_traits<Wire>::name) +
+                      ", 0) (epcomm/low_latency/cuda/instantiate.cuh)");
+    return k;
+  }
+
+  static bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+           status != cudaStreamCaptureStatusNone;
+  }
+
+  // A kernel that could not even be launched leaves peers mid-protocol.
+  void launch(const char* op, int launch_status) {
+    try {
+      check(static_cast<cudaError_t>(launch_status), op, "kernel launch");
+    } catch (const error& e) {
+      broken_ = e.what();
+      throw;
+    }
+  }
+
+  dispatch_result receive_dispatch(int p, std::uint64_t number, cudaStream_t stream) {
+    ensure_usable(dispatch_op);
+    parity_state& st = parity_[p];
+    if (!st.dispatch_pending || st.dispatches != number)
+      throw error(rank_, dispatch_op, no_peer, "this dispatch's receive hook already ran");
+    launch(dispatch_op, st.dispatch_kernels.recv(st.dispatch_args, stream));
+    st.dispatch_pending = false;
+    dispatch_result res;
+    res.recv_x = local<const Wire>(p, plan_.recv_x);
+    if constexpr (token_traits<Wire>::has_scales)
+      res.recv_x_scales = local<const float>(p, plan_.recv_scales);
+    res.recv_count = local<const std::int32_t>(p, plan_.recv_count);
+    res.recv_src = local<const wire::ll::source>(p, plan_.recv_src);
+    res.recv_range = local<const wire::ll::range>(p, plan_.recv_range);
+    res.handle = {p, number, st.num_tokens, st.topk};
+    return res;
+  }
+
+  const bf16* receive_combine(int p, std::uint64_t number, cudaStream_t stream) {
+    ensure_usable(combine_op);
+    parity_state& st = parity_[p];
+    if (!st.combine_pending || st.combines != number)
+      throw error(rank_, combine_op, no_peer, "this combine's receive hook already ran");
+    launch(combine_op, st.combine_kernels.recv(st.combine_args, stream));
+    st.combine_pending = false;
+    return st.combine_args.out;
+  }
+
+  // Waits for the stream with a host deadline: the kernels bound each wait by
+  // the timeout, and a call makes at most three waits in sequence.
+  void wait_stream(cudaStream_t stream, const char* op) {
+    const auto limit = 4 * timeout_ + std::chrono::seconds(1);
+    cudaError_t status = cudaSuccess;
+    const bool done = ::epcomm::detail::spin_wait(
+        [&] {
+          status = cudaStreamQuery(stream);
+          return status != cudaErrorNotReady;
+        },
+        deadline::after(limit), [] {});
+    if (!done) {
+      broken_ = "the device did not finish within the deadline";
+      throw error(
+          rank_, op, no_peer,
+          "the device did not finish the enqueued work within " +
+              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()) +
+              " ms (is the GPU oversubscribed or another kernel stuck?)");
+    }
+    try {
+      check(status, op, "the enqueued kernels");
+    } catch (const error& e) {
+      broken_ = e.what();
+      throw;
+    }
+  }
+
+  // Reads the device report after the work on `stream` and throws what it
+  // recorded, the host engine's error for the same situation.
+  void finish(cudaStream_t stream, const char* op) {
+    check(cudaMemcpyAsync(host_report_, ws_.rep, sizeof(ll_report), cudaMemcpyDeviceToHost, stream),
+          op, "cudaMemcpyAsync(report)");
+    wait_stream(stream, op);
+    const ll_report r = *host_report_;
+    if (r.code == ll_failure::none && r.broken == 0) return;
+    const error e = r.code == ll_failure::none
+                        ? error(rank_, op, no_peer, "an earlier call on this buffer failed")
+                    : r.code == ll_failure::proxy ? link_.with_proxy_cause(to_error(r, rank_))
+                                                  : to_error(r, rank_);
+    if (ll_breaks_buffer(r.code) || r.broken != 0) {
+      broken_ = e.what();
+    } else {
+      // A verdict every rank reached together: clear it, the buffer goes on.
+      check(cudaMemsetAsync(&ws_.rep->code, 0, sizeof(ws_.rep->code), stream), op,
+            "cudaMemsetAsync(report)");
+      wait_stream(stream, op);
+    }
+    throw e;
+  }
+
+  // One device allocation for the workspace, carved into aligned arrays.
+  void allocate_workspace() {
+    int device = 0;
+    check(cudaGetDevice(&device), "low_latency_buffer", "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
+          "low_latency_buffer", "cudaDeviceGetAttribute(multiProcessorCount)");
+    const std::size_t r = world_;
+    const std::size_t el = shape_.local_experts();
+    std::size_t at = 0;
+    auto take = [&at](std::size_t bytes) {
+      const std::size_t here = at;
+      at = wire::align_up(at + bytes, 16);
+      return here;
+    };
+    const std::size_t epochs = take(4 * sizeof(std::uint64_t));
+    const std::size_t oks = take(4 * sizeof(std::int32_t));
+    const std::size_t done = take(ll_kernel_count * wire::ll::parities * sizeof(std::uint32_t));
+    const std::size_t waits = take(2 * r * sizeof(std::uint64_t));
+    // recv_tokens, dispatch_wait_sum and combine_wait_sum are contiguous, so
+    // stats() reads them with one copy.
+    const std::size_t stats = take((el + 2 * r) * sizeof(std::uint64_t));
+    const std::size_t rep = take(sizeof(ll_report));
+    check(cudaMalloc(&workspace_, at), "low_latency_buffer", "cudaMalloc(workspace)");
+    check(cudaMemset(workspace_, 0, at), "low_latency_buffer", "cudaMemset(workspace)");
+    auto* w = static_cast<std::byte*>(workspace_);
+    ws_.dispatch_epoch = reinterpret_cast<std::uint64_t*>(w + epochs);
+    ws_.combine_epoch = ws_.dispatch_epoch + 2;
+    ws_.dispatch_ok = reinterpret_cast<std::int32_t*>(w + oks);
+    ws_.combine_ok = ws_.dispatch_ok + 2;
+    ws_.blocks_done = reinterpret_cast<std::uint32_t*>(w + done);
+    ws_.wait_ns = reinterpret_cast<std::uint64_t*>(w + waits);
+    ws_.recv_tokens = reinterpret_cast<std::uint64_t*>(w + stats);
+    ws_.dispatch_wait_sum = ws_.recv_tokens + el;
+    ws_.combine_wait_sum = ws_.dispatch_wait_sum + r;
+    ws_.rep = reinterpret_cast<ll_report*>(w + rep);
+    check(cudaDeviceSynchronize(), "low_latency_buffer", "cudaDeviceSynchronize");
+    void* pinned = nullptr;
+    check(cudaMallocHost(&pinned, sizeof(ll_report) + (el + 2 * r) * sizeof(std::uint64_t)),
+          "low_latency_buffer", "cudaMallocHost(report)");
+    host_report_ = static_cast<ll_report*>(pinned);
+    std::memset(host_report_, 0, sizeof(ll_report));
+    host_stats_ = reinterpret_cast<std::uint64_t*>(host_report_ + 1);
+  }
+
+  void release() noexcept {
+    if (workspace_ != nullptr) cudaFree(workspace_);
+    if (host_report_ != nullptr) cudaFreeHost(host_report_);
+    workspace_ = nullptr;
+    host_report_ = nullptr;
+  }
+
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  bool round_scale_;
+  wire::ll::shape shape_;
+  wire::ll::plan plan_;
+  device_link<Transport> link_;
+  parity_state parity_[wire::ll::parities];
+  int next_parity_ = 0;
+  int sm_count_ = 1;
+  void* workspace_ = nullptr;
+  ll_workspace ws_{};
+  ll_report* host_report_ = nullptr;     // pinned
+  std::uint64_t* host_stats_ = nullptr;  // pinned, after the report
+  std::optional<std::string> broken_;
+};
+
+}  // namespace epcomm::cuda

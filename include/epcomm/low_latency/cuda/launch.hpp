@@ -1,0 +1,121 @@
+// Everything a low-latency kernel launch needs, as trivially copyable structs
+// of plain pointers and integers (the host fills them without CUDA headers,
+// the kernels receive them by value), and the launch geometry, which depends
+// on the buffer's shape and the call's token count only: never on routing,
+// so a captured CUDA graph replays with the right sizes.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "epcomm/core/config.hpp"
+#include "epcomm/low_latency/report.hpp"
+#include "epcomm/low_latency/route.hpp"
+#include "epcomm/transport/peer_table.hpp"
+#include "epcomm/low_latency/wire.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/wire.hpp"
+
+namespace epcomm::cuda {
+
+// The four kernels, in call order; indexes per-kernel counters.
+enum class ll_kernel : int { dispatch_send = 0, dispatch_recv, combine_send, combine_recv };
+inline constexpr int ll_kernel_count = 4;
+
+// Per-rank device memory the kernels keep between launches; peers never
+// touch it. Epochs and verdicts live here, not in launch arguments, so that
+// every replay of a captured graph advances them like a fresh call.
+struct ll_workspace {
+  std::uint64_t* dispatch_epoch;  // [2] dispatches run per parity
+  std::uint64_t* combine_epoch;   // [2] combines run per parity
+  // [2] the parity's last dispatch delivered valid outputs (set by the send
+  // phase from this rank's input, cleared by the receive phase when any rank
+  // rejected): a combine of it is allowed.
+  std::int32_t* dispatch_ok;
+  std::int32_t* combine_ok;          // [2] this rank's input to the parity's last combine was valid
+  std::uint32_t* blocks_done;        // [ll_kernel_count][2] finished blocks per kernel and parity
+  std::uint64_t* wait_ns;            // [2][R] this call's longest wait per peer: dispatch, combine
+  std::uint64_t* recv_tokens;        // [E_local] cumulative rows received (stats)
+  std::uint64_t* dispatch_wait_sum;  // [R] cumulative wait per source (stats)
+  std::uint64_t* combine_wait_sum;   // [R] cumulative wait per expert rank (stats)
+  ll_report* rep;                    // first failure since the host last read it
+};
+
+static_assert(std::is_trivially_copyable_v<ll_workspace>);
+
+struct ll_args {
+  // Over an RMA transport only this rank's buffer and (mapped) counters.
+  peer_table peers;
+  ll_route route;
+  wire::ll::shape shape;
+  wire::ll::plan plan;
+  ll_workspace ws;
+  int parity;
+  int num_tokens;  // 0 when the host rejected the call: nothing is read
+  int topk;
+  int round_scale;
+  const bf16* x;                 // dispatch: [T][H]
+  const std::int64_t* topk_idx;  // [T][K]
+  const float* topk_weights;     // combine: [T][K]
+  const bf16* y;                 // combine: [E_local][R * max_tokens][H]
+  bf16* out;                     // combine: [T][H]
+  int sm_count;
+  std::uint64_t timeout_ns;
+  // Non-empty when the host already rejected the input: the send phase
+  // posts it as the reject record, so every rank fails together.
+  char host_cause[wire::cause_bytes];
+};
+
+static_assert(std::is_trivially_copyable_v<ll_args> && sizeof(ll_args) <= 4096);
+
+// Where this call's kernels relay an abort (low_latency/report.hpp).
+EPCOMM_HD inline abort_link abort_link_of(const ll_args& a) {
+  if (a.route.via_proxy != 0)
+    return make_abort_link(a.peers, ll_abort_first_slot(a.shape), a.route.abort);
+  return make_abort_link(a.peers, ll_abort_first_slot(a.shape));
+}
+
+// Launch geometry. Every kernel uses ll_threads threads per block.
+inline constexpr int ll_threads = 256;
+inline constexpr int ll_warps = ll_threads / 32;
+
+// At most two blocks per SM: the kernels loop, so more would only queue.
+inline int ll_block_cap(int sm_count) { return 2 * std::max(sm_count, 1); }
+
+// Dispatch send: one block per token (a block casts the row once and writes
+// it to every destination), contiguous chunks when tokens outnumber blocks.
+inline int ll_dispatch_send_blocks(int tokens, int sm_count) {
+  return std::clamp(tokens, 1, ll_block_cap(sm_count));
+}
+
+// Dispatch receive: one block per (local expert, source) region.
+inline int ll_dispatch_recv_blocks(const wire::ll::shape& s) {
+  return s.local_experts() * s.world_size;
+}
+
+// Combine send: one warp per received row, over the fixed row bound.
+inline int ll_combine_send_blocks(const wire::ll::shape& s, int sm_count) {
+  const long long rows = static_cast<long long>(s.local_experts()) * s.rows_per_expert();
+  return static_cast<int>(
+      std::clamp<long long>((rows + ll_warps - 1) / ll_warps, 1, ll_block_cap(sm_count)));
+}
+
+// Combine receive: one block per token.
+inline int ll_combine_recv_blocks(int tokens, int sm_count) {
+  return std::clamp(tokens, 1, ll_block_cap(sm_count));
+}
+
+// Dynamic shared memory of the dispatch send kernel: the staged record body
+// (payload, scales, padding), the destinations of one token, and two
+// per-expert histograms.
+EPCOMM_HD constexpr std::size_t ll_body_bytes(const wire::ll::shape& s) {
+  return wire::ll::record_bytes(s) - sizeof(wire::ll::record_header);
+}
+EPCOMM_HD constexpr std::size_t ll_send_shared_bytes(const wire::ll::shape& s) {
+  return ll_body_bytes(s) + sizeof(std::byte*) * static_cast<std::size_t>(s.max_topk) +
+         2 * sizeof(int) * static_cast<std::size_t>(s.num_experts);
+}
+
+}  // namespace epcomm::cuda

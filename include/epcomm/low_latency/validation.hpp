@@ -1,0 +1,139 @@
+// The host-side checks of a low-latency buffer, shared by the host engine
+// (low_latency/buffer.hpp) and the device buffer (low_latency/cuda/device_buffer.hpp) so
+// that both check in the same order and word their errors alike: the
+// collective agreement on the buffer's shape (its record is byte for byte the
+// same on both, so a device rank and a host rank agree on the same terms),
+// whether a parity may take a new call, and what a call's counts and handle
+// must satisfy. Input checks return the cause (empty: none) rather than
+// throw: a rejected call still runs its exchange, so that every rank rejects
+// it together.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/host/config_agreement.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/low_latency/arguments.hpp"
+#include "epcomm/low_latency/wire.hpp"
+#include "epcomm/core/token_types.hpp"
+
+namespace epcomm {
+
+// The shape every rank of a low-latency buffer agrees on. `local_cause`,
+// when not empty, rejects this rank's config for a reason only it can see
+// (e.g. its device's shared memory). `can_mask_lost_ranks` says whether the
+// caller's engine and transport implement cfg.mask_lost_ranks; where they do
+// not, asking for it fails every rank rather than being ignored.
+template <class Wire, bootstrap B>
+wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
+                               std::chrono::milliseconds timeout,
+                               const std::string& local_cause = {},
+                               bool can_mask_lost_ranks = false) {
+  struct config_record {
+    std::int32_t valid;
+    std::int32_t num_experts, hidden, max_topk, max_tokens_per_rank, round_scale;
+    std::int32_t wire_id;
+    std::int32_t mask_lost_ranks;
+  };
+  const int world = boot.world_size();
+  constexpr bool fp8 = token_traits<Wire>::has_scales;
+  config_checks checks;
+  checks.need_experts_per_rank(cfg.num_experts, world);
+  checks.need(cfg.hidden > 0, "hidden must be > 0");
+  checks.need(!fp8 || cfg.hidden % fp8_block == 0,
+              "hidden must be a multiple of 128 on the fp8 wire (one scale per 128 channels)");
+  checks.need(fp8 || !cfg.round_scale, "round_scale applies to the fp8 wire only");
+  checks.need_topk_within_experts(cfg.max_topk, cfg.num_experts);
+  checks.need(cfg.max_tokens_per_rank > 0, "max_tokens_per_rank must be > 0");
+  checks.need(static_cast<long long>(world) * cfg.max_tokens_per_rank <=
+                  std::numeric_limits<std::int32_t>::max(),
+              "world_size * max_tokens_per_rank overflows int32");
+  checks.need(!cfg.mask_lost_ranks || can_mask_lost_ranks,
+              "mask_lost_ranks needs the host engine over a peer-mapped transport that can tell "
+              "a peer's exit (shm)");
+  checks.need(local_cause.empty(), local_cause);
+
+  const config_record mine{checks.cause().empty() ? 1 : 0,
+                           cfg.num_experts,
+                           cfg.hidden,
+                           cfg.max_topk,
+                           cfg.max_tokens_per_rank,
+                           cfg.round_scale ? 1 : 0,
+                           token_traits<Wire>::id,
+                           cfg.mask_lost_ranks ? 1 : 0};
+  agree_config(boot, mine, checks.cause(), timeout, "low_latency_buffer",
+               "num_experts, hidden, max_topk, max_tokens_per_rank, round_scale, "
+               "mask_lost_ranks and wire type");
+  return wire::ll::shape{world,        cfg.num_experts,         cfg.hidden,
+                         cfg.max_topk, cfg.max_tokens_per_rank, static_cast<int>(sizeof(Wire)),
+                         fp8};
+}
+
+// A handle names parity 0 or 1; anything else was not made by a dispatch.
+inline void check_ll_handle_parity(int rank, const char* op, int parity) {
+  if (parity != 0 && parity != 1)
+    throw error(rank, op, no_peer,
+                "handle has parity " + std::to_string(parity) + ": not from a dispatch");
+}
+
+// A parity takes a new call only once the receive phases of its previous
+// calls ran; `note`, when not empty, is appended to the error in parentheses.
+inline void check_ll_parity_idle(int rank, const char* op, int parity, bool dispatch_pending,
+                                 bool combine_pending, const std::string& note = {}) {
+  if (dispatch_pending || combine_pending)
+    throw error(rank, op, no_peer,
+                "parity " + std::to_string(parity) + " still has a " +
+                    (dispatch_pending ? "dispatch" : "combine") +
+                    " whose receive phase has not run" +
+                    (note.empty() ? std::string() : " (" + note + ")"));
+}
+
+// One combine per dispatch: the parity's last dispatch must be newer than
+// the one its last combine answered.
+inline void check_ll_combinable(int rank, const char* op, int parity, std::uint64_t dispatches,
+                                std::uint64_t combined) {
+  if (dispatches <= combined)
+    throw error(rank, op, no_peer,
+                "no dispatch received on parity " + std::to_string(parity) +
+                    " since its last combine (one combine per dispatch)");
+}
+
+// A dispatch's counts against the buffer's shape.
+inline std::string check_ll_counts(const wire::ll::shape& s, int num_tokens, int topk) {
+  if (num_tokens < 0) return "num_tokens is negative";
+  if (num_tokens > s.max_tokens_per_rank)
+    return std::to_string(num_tokens) + " tokens exceed max_tokens_per_rank " +
+           std::to_string(s.max_tokens_per_rank);
+  if (topk < 1 || topk > s.max_topk)
+    return "topk " + std::to_string(topk) + " is outside [1, " + std::to_string(s.max_topk) + "]";
+  return {};
+}
+
+// A combine's handle against the dispatch it names: the last one this rank
+// issued on the handle's parity, accepted, with the handle's T and K.
+struct ll_handle_check {
+  int parity;
+  std::uint64_t handle_dispatch;  // the handle's dispatch number on its parity
+  std::uint64_t last_dispatch;    // the parity's last dispatch number
+  bool dispatch_accepted;         // that dispatch was not rejected
+  int handle_tokens, handle_topk;
+  int dispatch_tokens, dispatch_topk;
+};
+
+inline std::string check_ll_handle(const ll_handle_check& in) {
+  const auto n = [](auto v) { return std::to_string(v); };
+  if (!in.dispatch_accepted || in.handle_dispatch != in.last_dispatch)
+    return "handle is stale: it names dispatch " + n(in.handle_dispatch) + " of parity " +
+           n(in.parity) + ", whose outputs a later dispatch replaced";
+  if (in.handle_tokens != in.dispatch_tokens || in.handle_topk != in.dispatch_topk)
+    return "handle says T=" + n(in.handle_tokens) + ", K=" + n(in.handle_topk) +
+           " but its dispatch had T=" + n(in.dispatch_tokens) + ", K=" + n(in.dispatch_topk);
+  return {};
+}
+
+}  // namespace epcomm

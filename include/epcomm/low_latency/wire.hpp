@@ -1,0 +1,224 @@
+// The wire format of low-latency mode: what lives where in every rank's
+// symmetric buffer, what a token record looks like, and which signal slot
+// means what. The host engine (low_latency/buffer.hpp) and a CUDA port read it from
+// here; everything is plain integers and structs so it is usable on device.
+//
+// Buffer: two parities, identical in layout, alternated by consecutive
+// dispatches; a combine uses the parity of the dispatch it answers. Each
+// parity holds
+//   written by peers:  dispatch count words [E_local][R], combine count words
+//                      [R], reject records [2][R], the dispatch receive region
+//                      [E_local][R][max_tokens] records, and the combine
+//                      receive region [max_tokens][max_topk][H] bf16;
+//   local only:        the packed dispatch outputs, the combine send buffer
+//                      (the zero-copy view) and the combine output.
+//
+// Signals: 64-bit counters that only ever grow; never reset. Per parity:
+//   dispatch(p, e, s)  at the receiver, +1 per dispatch from source s, after
+//                      its records and the (p, e, s) count word;
+//   released(p, r)     at each source, +1 when receiver r has finished reading
+//                      its parity-p dispatch region, so the source may write
+//                      it again;
+//   combine(p, r)      at the source, +1 per combine from expert rank r, after
+//                      its rows and the (p, r) count word.
+// The n-th call on a parity waits for "counter >= n" (its epoch). A stale
+// signal from an older call can never satisfy a newer wait, and a newer one
+// cannot arrive early: a source writes parity p again only after every
+// receiver released it. The count travels in a count word, not in the signal,
+// so one add per call completes the region whatever order bytes land in: an
+// RMA transport puts the records, then the count word with put_signal, whose
+// signal the transport delivers only once every earlier write to that peer
+// has landed (by completion, never by write order: EFA reorders writes); a
+// peer-mapped one stores them and signals with release semantics.
+//
+// Over an RMA transport each parity also holds staging regions, planned only
+// then and after all of the above, so the peer-mapped layout is unchanged:
+// what this rank lays out in its own registered buffer for the proxy to put.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "epcomm/core/config.hpp"
+#include "epcomm/normal/wire.hpp"
+
+namespace epcomm::wire::ll {
+
+inline constexpr int parities = 2;
+inline constexpr int scale_block = 128;  // channels per fp8 scale
+
+enum class state : std::int32_t { ok = 0, rejected = 1 };
+
+// Where a received token came from: enough for combine to send the expert's
+// output back to slot (token, topk_slot) of rank `rank`.
+struct source {
+  std::int32_t rank;
+  std::int32_t token;
+  std::int32_t topk_slot;
+};
+
+// Rows [begin, begin + count) of a local expert's packed output came from one
+// source rank.
+struct range {
+  std::int32_t begin;
+  std::int32_t count;
+};
+
+// Published by a source for one region (dispatch: per (local expert, source)
+// at the receiver; combine: per expert rank at the source) before its signal.
+// `epoch` lets the reader check it is this call's word.
+struct count_word {
+  std::uint64_t epoch;
+  std::int32_t count;  // records (dispatch) or rows (combine) written
+  state status;        // rejected: no records; the reject record says why
+};
+
+// Why a rank rejected a call, written before the count words that say so.
+struct reject_record {
+  std::uint64_t epoch;
+  char cause[cause_bytes];  // NUL-terminated
+};
+
+enum class reject_kind : int { dispatch = 0, combine = 1 };
+
+// A token record: header, payload, then (fp8) one float scale per 128
+// channels, padded to 16 bytes so a kernel copies it with 16-byte vectors and
+// an RMA transport moves it with one put.
+struct record_header {
+  source src;
+  std::int32_t pad;
+};
+static_assert(sizeof(record_header) == 16);
+
+// The sizes a buffer is built with; identical on every rank (checked).
+struct shape {
+  int world_size;
+  int num_experts;
+  int hidden;
+  int max_topk;
+  int max_tokens_per_rank;
+  int wire_bytes;   // bytes per channel on the wire: 2 (bf16) or 1 (fp8)
+  bool has_scales;  // fp8 wire: scales follow the payload
+
+  EPCOMM_HD constexpr int local_experts() const { return num_experts / world_size; }
+  // Rows of one local expert's packed output: every source's whole region.
+  EPCOMM_HD constexpr int rows_per_expert() const { return world_size * max_tokens_per_rank; }
+  EPCOMM_HD constexpr int scales_per_token() const { return has_scales ? hidden / scale_block : 0; }
+};
+
+EPCOMM_HD constexpr std::size_t payload_bytes(const shape& s) {
+  return static_cast<std::size_t>(s.hidden) * s.wire_bytes;
+}
+EPCOMM_HD constexpr std::size_t scales_offset(const shape& s) {
+  return sizeof(record_header) + payload_bytes(s);
+}
+EPCOMM_HD constexpr std::size_t record_bytes(const shape& s) {
+  return align_up(scales_offset(s) + sizeof(float) * s.scales_per_token(), 16);
+}
+
+// Offsets within one parity; parity p starts at p * parity_bytes.
+struct plan {
+  // Written by peers.
+  std::size_t dispatch_counts;  // [E_local][R] count_word, by (local expert, source)
+  std::size_t combine_counts;   // [R] count_word, by expert rank
+  std::size_t rejects;          // [2][R] reject_record, by (reject_kind, sender)
+  std::size_t dispatch_recv;    // [E_local][R][max_tokens] records
+  std::size_t combine_recv;     // [max_tokens][max_topk][H] bf16, by (token, topk slot)
+  // Local: never touched by peers.
+  std::size_t combine_send;     // [E_local][R * max_tokens][H] bf16, aligned with recv_x
+  std::size_t recv_x;           // [E_local][R * max_tokens][H] wire elements, packed
+  std::size_t recv_scales;      // [E_local][R * max_tokens][H / 128] float (fp8)
+  std::size_t recv_src;         // [E_local][R * max_tokens] source
+  std::size_t recv_range;       // [E_local][R] range
+  std::size_t recv_count;       // [E_local] int32
+  std::size_t sent_topk_idx;    // [max_tokens][max_topk] int64: what this rank dispatched
+  std::size_t combine_weights;  // [max_tokens][max_topk] float: this combine's weights
+  std::size_t combine_out;      // [max_tokens][H] bf16
+  // Staging, RMA transports only (zero otherwise); never touched by peers.
+  // Combine rows need none: they are put from combine_send.
+  std::size_t send_records;          // [E][max_tokens] records, by destination expert
+  std::size_t send_dispatch_counts;  // [E] count_word, by destination expert
+  std::size_t send_combine_counts;   // [R] count_word, by source rank
+  std::size_t send_rejects;          // [2] reject_record, by reject_kind
+  std::size_t parity_bytes;
+  std::size_t total;
+};
+
+EPCOMM_HD constexpr plan plan_buffer(const shape& s, bool staging = false) {
+  plan p{};
+  const std::size_t el = static_cast<std::size_t>(s.local_experts());
+  const std::size_t r = static_cast<std::size_t>(s.world_size);
+  const std::size_t t = static_cast<std::size_t>(s.max_tokens_per_rank);
+  const std::size_t k = static_cast<std::size_t>(s.max_topk);
+  const std::size_t h = static_cast<std::size_t>(s.hidden);
+  const std::size_t rows = el * r * t;  // packed output rows over all local experts
+  std::size_t at = 0;
+  auto take = [&at](std::size_t bytes) {
+    const std::size_t here = at;
+    at = align_up(at + bytes);
+    return here;
+  };
+  p.dispatch_counts = take(el * r * sizeof(count_word));
+  p.combine_counts = take(r * sizeof(count_word));
+  p.rejects = take(2 * r * sizeof(reject_record));
+  p.dispatch_recv = take(el * r * t * record_bytes(s));
+  p.combine_recv = take(t * k * h * 2);
+  p.combine_send = take(rows * h * 2);
+  p.recv_x = take(rows * h * s.wire_bytes);
+  p.recv_scales = take(rows * s.scales_per_token() * sizeof(float));
+  p.recv_src = take(rows * sizeof(source));
+  p.recv_range = take(el * r * sizeof(range));
+  p.recv_count = take(el * sizeof(std::int32_t));
+  p.sent_topk_idx = take(t * k * sizeof(std::int64_t));
+  p.combine_weights = take(t * k * sizeof(float));
+  p.combine_out = take(t * h * 2);
+  if (staging) {
+    const std::size_t e = static_cast<std::size_t>(s.num_experts);
+    p.send_records = take(e * t * record_bytes(s));
+    p.send_dispatch_counts = take(e * sizeof(count_word));
+    p.send_combine_counts = take(r * sizeof(count_word));
+    p.send_rejects = take(2 * sizeof(reject_record));
+  }
+  p.parity_bytes = at;
+  p.total = at * parities;
+  return p;
+}
+
+EPCOMM_HD constexpr std::size_t parity_base(const plan& p, int parity) {
+  return static_cast<std::size_t>(parity) * p.parity_bytes;
+}
+
+// Index of the record slot `slot` of region (local expert, source).
+EPCOMM_HD constexpr std::size_t record_index(const shape& s, int local_expert, int src, int slot) {
+  return (static_cast<std::size_t>(local_expert) * s.world_size + src) * s.max_tokens_per_rank +
+         slot;
+}
+
+// Row of the combine receive region that (token, topk slot) owns.
+EPCOMM_HD constexpr std::size_t combine_row(const shape& s, int token, int topk_slot) {
+  return static_cast<std::size_t>(token) * s.max_topk + topk_slot;
+}
+
+// Signal slots: per parity, [E_local][R] dispatch, then [R] released, then
+// [R] combine.
+EPCOMM_HD constexpr std::size_t signals_per_parity(const shape& s) {
+  return static_cast<std::size_t>(s.local_experts() + 2) * s.world_size;
+}
+EPCOMM_HD constexpr std::size_t signal_slots(const shape& s) {
+  return signals_per_parity(s) * parities;
+}
+EPCOMM_HD constexpr std::size_t dispatch_signal(const shape& s, int parity, int local_expert,
+                                                int src) {
+  return parity * signals_per_parity(s) + static_cast<std::size_t>(local_expert) * s.world_size +
+         src;
+}
+EPCOMM_HD constexpr std::size_t released_signal(const shape& s, int parity, int receiver) {
+  return parity * signals_per_parity(s) +
+         static_cast<std::size_t>(s.local_experts()) * s.world_size + receiver;
+}
+EPCOMM_HD constexpr std::size_t combine_signal(const shape& s, int parity, int expert_rank) {
+  return parity * signals_per_parity(s) +
+         static_cast<std::size_t>(s.local_experts() + 1) * s.world_size + expert_rank;
+}
+
+}  // namespace epcomm::wire::ll

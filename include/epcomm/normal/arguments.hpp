@@ -1,0 +1,117 @@
+// Arguments and results of normal (throughput) mode dispatch and combine.
+// Shapes follow DeepEP's Buffer.dispatch / Buffer.combine so frameworks port
+// directly; spans are row-major.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/token_types.hpp"
+
+namespace epcomm {
+
+// Sizes a buffer is built for; every rank passes the same values (checked).
+struct buffer_config {
+  int num_experts = 0;
+  int max_hidden = 0;
+  int max_topk = 0;
+  int max_tokens_per_rank = 0;
+  // Rows a rank can receive in one dispatch; 0 means world_size *
+  // max_tokens_per_rank, which no routing can exceed.
+  int max_recv_tokens = 0;
+  std::chrono::milliseconds timeout = default_timeout;  // EPCOMM_TIMEOUT_MS overrides
+  // Keep going without a rank whose process exited (DeepEP's shrink mode):
+  // calls go on without it, its rows and its experts' outputs are skipped and
+  // counted instead of failing the group. Host engine over a peer-mapped
+  // transport that can tell a peer's exit (shm) only; see docs/reliability.md.
+  bool mask_lost_ranks = false;
+};
+
+template <token_type Token>
+struct dispatch_input {
+  int num_tokens = 0;
+  int hidden = 0;
+  int topk = 0;
+  std::span<const Token> x;                // [T][H]
+  std::span<const float> x_scales;         // [T][H/128] for fp8, else empty
+  std::span<const std::int64_t> topk_idx;  // [T][K], -1 = no expert
+  std::span<const float> topk_weights;     // [T][K]
+};
+
+struct dispatch_options {
+  // A worst-case receive bound: results are padded to exactly this many rows
+  // (topk_idx -1, weight 0 in the padding), so no result shape depends on the
+  // routing. Exceeding it is an error on every rank. 0 = no bound.
+  int worst_case_recv_tokens = 0;
+};
+
+// What combine needs to send rows back: the counts every rank exchanged and
+// where each of this rank's tokens went.
+struct dispatch_handle {
+  int world_size = 0;
+  int rank = 0;
+  int num_tokens = 0;
+  int hidden = 0;
+  int topk = 0;
+  int num_recv_tokens = 0;
+  std::vector<int> count_matrix;  // [R][R]: tokens rank s sent to rank r
+  std::vector<int> send_pos;      // [T][R]: row of token t among those sent to r, or -1
+
+  int sent(int src, int dst) const { return count_matrix[src * world_size + dst]; }
+  // First row, in dst's receive order, of the tokens src sent to dst.
+  int recv_offset(int src, int dst) const {
+    int off = 0;
+    for (int s = 0; s < src; ++s) off += sent(s, dst);
+    return off;
+  }
+  // First row, in src's combine region, of the rows dst sends back.
+  int return_offset(int src, int dst) const {
+    int off = 0;
+    for (int r = 0; r < dst; ++r) off += sent(src, r);
+    return off;
+  }
+};
+
+// Received tokens ordered by (source rank, source token index). The spans view
+// the buffer and stay valid until the next dispatch on it.
+template <token_type Token>
+struct dispatch_result {
+  int num_recv_tokens = 0;                      // real rows; the spans may be padded
+  std::span<const Token> recv_x;                // [N][H]
+  std::span<const float> recv_x_scales;         // [N][H/128] for fp8
+  std::span<const std::int64_t> recv_topk_idx;  // [N][K], local expert ids, -1 elsewhere
+  std::span<const float> recv_topk_weights;     // [N][K], 0 where the id is -1
+  std::span<const std::int32_t> recv_src_idx;   // [N] token index on its source rank
+  std::vector<int> num_recv_tokens_per_expert;  // [E/R] (token, k) entries per local expert
+  dispatch_handle handle;
+};
+
+template <class Out>
+struct combine_input {
+  std::span<const Out> y;  // [N][H], aligned with what this rank received
+  // [N][K] recv weights, summed back per source token; every rank passes them
+  // or none does (a rank that received nothing passes an empty span).
+  std::optional<std::span<const float>> topk_weights;
+  std::span<const Out> bias_0;  // optional [T][H], added to the result
+  std::span<const Out> bias_1;  // optional [T][H], added to the result
+};
+
+// Cumulative per-rank counters that point at stragglers.
+struct buffer_stats {
+  std::vector<std::chrono::nanoseconds> wait_per_peer;  // [R] time blocked on each rank's signals
+  // mask_lost_ranks: (token, expert rank) rows that combine skipped because
+  // that rank was lost, each counted once, by the token's combine.
+  std::uint64_t masked_contributions = 0;
+};
+
+template <class Out>
+struct combine_result {
+  std::vector<Out> x;               // [T][H]: sum over destination ranks, fp32 accumulation
+  std::vector<float> topk_weights;  // [T][K] when weights were given
+};
+
+}  // namespace epcomm

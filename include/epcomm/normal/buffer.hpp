@@ -1,0 +1,835 @@
+// epcomm::buffer: normal-mode dispatch and combine, templated on the transport
+// and the token type. This is the host engine: the calling thread is the
+// producer. Over a peer-mapped transport it stores rows straight into peers'
+// buffers; over an RMA transport it stages them in its own registered buffer
+// (wire::region_plan's send_* regions) and hands put / put_signal
+// descriptors to a proxy thread (proxy::engine), which issues them. Both
+// paths move the same bytes to the same offsets with the same counted
+// signals. Protocol per call (see docs/design.md):
+//
+//   dispatch  notify: every rank posts its shape, input status and counts to
+//             every peer; all ranks then decide identically whether to go on,
+//             so bad input fails everywhere before any payload moves.
+//             data: rows go to (prefix over sources) offsets, then a counted
+//             signal per (source, destination).
+//   combine   ready: every rank posts its status and that its combine region is
+//             free; rows go back in one block per (rank, source); the source
+//             reduces in fp32.
+//
+// mask_lost_ranks (peer-mapped transports that tell a peer's exit): a peer
+// whose process exited is marked lost and calls go on without it. Receive
+// offsets are prefix sums over the sources, so every survivor must count the
+// same sources in a call. A rank finishes each round's writes to every peer,
+// then stores the call's epoch in its own progress word for that round
+// (wire::region_plan::progress), then signals. A survivor that finds a peer
+// gone reads that word, which can no longer change: the peer took part in
+// the round if and only if it is there. Every survivor so reaches the same
+// members (a lost rank's notify counts are in every survivor's buffer or in
+// none that counts them) without another round. A lost peer's rows that never
+// all arrived become padding rows (topk_idx -1, weight 0, src_idx -1), and a
+// token's rows from an expert rank that was lost are left out of its
+// combine, counted in buffer_stats::masked_contributions.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epcomm/host/call_guard.hpp"
+#include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/core/combine_reduce.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/host/fault_injection.hpp"
+#include "epcomm/core/layout.hpp"
+#include "epcomm/host/lost_ranks.hpp"
+#include "epcomm/normal/arguments.hpp"
+#include "epcomm/normal/verdict.hpp"
+#include "epcomm/proxy/engine.hpp"
+#include "epcomm/host/require_peer_mapped.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/core/topology.hpp"
+#include "epcomm/normal/wire.hpp"
+
+namespace epcomm {
+
+template <transport Transport, token_type Token>
+requires peer_mapped_transport<Transport> || proxy::completion_counting<Transport>
+class buffer {
+  // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
+  static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
+  // Masking needs every byte to a peer stored by this rank (no proxy holding
+  // puts) and a transport that tells an exited peer from a slow one.
+  static constexpr bool can_mask_lost_ranks = !via_proxy && tells_peer_exit<Transport>;
+
+ public:
+  using token = Token;
+  using combine_t = combine_type_t<Token>;
+
+  // Collective: every rank of `boot` constructs its buffer with the same config.
+  template <bootstrap B>
+  requires transport_for<Transport, B> buffer(B& boot, const buffer_config& cfg)
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        timeout_(effective_timeout(cfg.timeout)),
+        cap_(agree_capacity<Token>(boot, cfg, timeout_, can_mask_lost_ranks)),
+        plan_(wire::plan_regions(cap_, via_proxy, !via_proxy)),
+        transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)),
+        proxy_(transport_),
+        mask_lost_ranks_(cfg.mask_lost_ranks),
+        lost_(world_, false) {
+    if constexpr (!via_proxy)
+      require_peer_mapped(transport_, rank_, world_, "buffer",
+                          "normal mode over this transport needs every rank on one node");
+  }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const wire::capacity& capacity() const { return cap_; }
+  Transport& transport() { return transport_; }
+
+  // Time this rank spent blocked on each peer, cumulative: the rank whose
+  // column grows fastest on every other rank is the straggler.
+  const buffer_stats& stats() const { return stats_; }
+  void reset_stats() { stats_ = buffer_stats{std::vector<std::chrono::nanoseconds>(world_)}; }
+
+  // The ranks masked so far, ascending (mask_lost_ranks; empty otherwise).
+  std::vector<int> lost_ranks() const { return lost_rank_list(lost_); }
+
+  // Gives up on the group: waiters in any thread of this rank and peers
+  // waiting for it throw promptly instead of at their deadlines, and this
+  // buffer refuses further calls. Safe from any thread, also after a failure.
+  void abort() { abort_transport(); }
+
+  // Where the tokens of the next dispatch can be written ([num_tokens][hidden])
+  // so that a dispatch given exactly this span as x copies none of them. Over
+  // an RMA transport this is registered memory: rows are put from where they
+  // are, a run of consecutive tokens bound for one rank as one write, instead
+  // of being staged per destination first. Over a peer-mapped transport
+  // dispatch stores rows into the peers' buffers from wherever x is, and this
+  // is plain memory of the buffer's. Only the caller writes it; dispatch
+  // returns once nothing reads it any more.
+  std::span<Token> dispatch_send_buffer(int num_tokens, int hidden) {
+    if (num_tokens < 0 || num_tokens > cap_.max_tokens_per_rank || hidden < 1 ||
+        hidden > cap_.max_hidden)
+      throw error(rank_, "dispatch_send_buffer", no_peer,
+                  "invalid input: " + std::to_string(num_tokens) + " tokens of hidden " +
+                      std::to_string(hidden) + " exceed the buffer's " +
+                      std::to_string(cap_.max_tokens_per_rank) +
+                      " tokens of hidden <= " + std::to_string(cap_.max_hidden));
+    if constexpr (!via_proxy)
+      send_tokens_.resize(static_cast<std::size_t>(cap_.max_tokens_per_rank) * cap_.max_hidden);
+    return {dispatch_send_area(), static_cast<std::size_t>(num_tokens) * hidden};
+  }
+
+  dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
+                                  const dispatch_options& opt = {}) {
+    ensure_usable("dispatch");
+    const std::uint64_t epoch = ++dispatch_epoch_;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in, opt);
+    const topology topo{world_, world_, cap_.num_experts, in.hidden, in.topk};
+    const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
+
+    std::vector<bool> members(world_);
+    guarded([&] {
+      inject(fault::point::before_notify, "dispatch");
+      post_notify(in, opt, lay, cause, epoch, dl);
+      for (int s = 0; s < world_; ++s)
+        members[s] =
+            await_round(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify counts"});
+    });
+    const auto peers = read_notify(members);
+    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers, members); },
+                      wire::signal_kind::data, epoch, dl, "dispatch");
+
+    dispatch_result<Token> res;
+    res.handle =
+        make_dispatch_handle(rank_, in.num_tokens, in.hidden, in.topk, peers, lay.send_pos);
+    std::vector<bool> rows_came(world_);
+    guarded([&] {
+      inject(fault::point::mid_dispatch, "dispatch");
+      send_rows(in, lay, res.handle, topo, dl);
+      for (int s = 0; s < world_; ++s)
+        rows_came[s] =
+            await_round(wire::signal_kind::data, s, epoch, dl, {"dispatch", s, "token rows"});
+      // The staging area holds combine_send_buffer: the caller's experts may
+      // write it as soon as this returns, so no put may still read it.
+      quiet_staging(dl);
+    });
+    fill_result(res, in, opt, peers, rows_came);
+    return res;
+  }
+
+  // Where the expert outputs for `h` can be written ([num_recv_tokens][hidden],
+  // receive order) so that a combine given exactly this span as y copies
+  // nothing. Over a peer-mapped transport the sources then reduce the rows
+  // straight from this rank's buffer, and that combine returns once every
+  // source has read them; over an RMA transport the rows are put from where
+  // they are (the staging area) instead of being staged first. Either way the
+  // rows must stay untouched until that combine returns.
+  std::span<combine_t> combine_send_buffer(const dispatch_handle& h) {
+    if (h.world_size != world_ || h.rank != rank_ || h.hidden < 1 || h.hidden > cap_.max_hidden ||
+        h.num_recv_tokens < 0 || h.num_recv_tokens > cap_.max_recv_tokens)
+      throw error(rank_, "combine_send_buffer", no_peer,
+                  "invalid input: the handle does not come from this buffer's dispatch");
+    return {combine_y(), static_cast<std::size_t>(h.num_recv_tokens) * h.hidden};
+  }
+
+  // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given)
+  // without allocating.
+  void combine(const combine_input<combine_t>& in, const dispatch_handle& h,
+               std::span<combine_t> out_x, std::span<float> out_weights = {}) {
+    ensure_usable("combine");
+    const std::uint64_t epoch = ++combine_epoch_;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in, h, out_x, out_weights);
+    const bool in_place = left_in_place(in, h);
+
+    std::vector<bool> members(world_);
+    guarded([&] {
+      // Over RMA the rows are pushed either way: sources need not know.
+      post_combine_status(cause, in.topk_weights.has_value(), in_place && !via_proxy, epoch, dl);
+      for (int s = 0; s < world_; ++s)
+        members[s] = await_round(wire::signal_kind::combine_ready, s, epoch, dl,
+                                 {"combine", s, "combine readiness"});
+    });
+    std::vector<wire::combine_header> status;
+    settle_on_failure([&] { status = check_combine_status(epoch, members); },
+                      wire::signal_kind::combine_data, epoch, dl, "combine");
+    std::vector<bool> returned(world_);
+    guarded([&] {
+      inject(fault::point::mid_combine, "combine");
+      if constexpr (via_proxy)
+        put_combine_rows(in, h, in_place, dl);
+      else
+        return_rows(in, h, in_place, epoch);
+      for (int r = 0; r < world_; ++r)
+        returned[r] = await_round(wire::signal_kind::combine_data, r, epoch, dl,
+                                  {"combine", r, "combined rows"});
+    });
+    reduce(in, h, status, returned, out_x, out_weights);
+    if constexpr (via_proxy)
+      guarded([&] { quiet_staging(dl); });  // the caller may write the next y there now
+    else
+      release_in_place_rows(status, in_place, dl);
+  }
+
+  combine_result<combine_t> combine(const combine_input<combine_t>& in, const dispatch_handle& h) {
+    combine_result<combine_t> out;
+    out.x.resize(static_cast<std::size_t>(h.num_tokens) * h.hidden);
+    if (in.topk_weights) out.topk_weights.resize(static_cast<std::size_t>(h.num_tokens) * h.topk);
+    combine(in, h, out.x, out.topk_weights);
+    return out;
+  }
+
+ private:
+  // The proxy that issues this rank's RMA operations; nothing for peer-mapped transports.
+  struct no_proxy {
+    explicit no_proxy(Transport&) {}
+  };
+  template <bool rma, class = void>
+  struct proxy_of {
+    using type = no_proxy;
+  };
+  template <class Unused>
+  struct proxy_of<true, Unused> {
+    using type = proxy::engine<Transport>;
+  };
+  using proxy_type = typename proxy_of<via_proxy>::type;
+  static constexpr int producer_channel = 0;  // the calling thread
+
+  struct peer_notify {
+    wire::notify_header header;
+    std::vector<int> tokens_per_rank;          // [R]
+    std::vector<int> tokens_per_local_expert;  // [E/R] of this rank's experts
+  };
+
+  std::size_t slot(wire::signal_kind kind, int source) const {
+    return wire::signal_slot(kind, source, world_);
+  }
+
+  // RMA path: hands one operation to the proxy (put_signal and signal add 1
+  // to `signal_slot`). Offsets are relative to the symmetric buffer.
+  void enqueue(proxy::op_code op, int peer, std::size_t local, std::size_t remote,
+               std::size_t bytes, std::size_t signal_slot, const deadline& dl) {
+    proxy_.push(producer_channel, op, peer, local, remote, bytes, signal_slot, 1, dl);
+  }
+
+  // RMA path: before staging overwrites the send regions, every put that
+  // read them must be complete.
+  void quiet_staging(const deadline& dl) {
+    if constexpr (via_proxy) proxy_.quiet(producer_channel, dl);
+  }
+
+  // Where this rank writes what `peer` will read at `offset`: the peer's
+  // buffer itself, or the staging slot the proxy puts from.
+  std::byte* outgoing(int peer, std::size_t offset, std::size_t staged) {
+    if constexpr (via_proxy)
+      return transport_.local_buffer().data() + staged;
+    else
+      return transport_.peer_ptr(peer, offset);
+  }
+
+  void ensure_usable(const char* op) const {
+    check_not_broken(rank_, op, broken_);
+    if constexpr (requires { transport_.aborted(); })
+      if (transport_.aborted())
+        throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
+  }
+
+  // See host/call_guard.hpp: a failed call breaks the buffer and aborts the group.
+  template <class F>
+  void guarded(F&& f) {
+    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_transport(culprit); });
+  }
+
+  void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
+
+  // Waits for `peer`'s round `kind` of call `epoch`. True once it came;
+  // with mask_lost_ranks, a peer whose process is gone (found now or
+  // before) is marked lost instead, and the answer is whether it finished
+  // the round before it went: its progress word, final by then, so every
+  // survivor answers alike. Any other failure throws.
+  bool await_round(wire::signal_kind kind, int peer, std::uint64_t epoch, const deadline& dl,
+                   const wait_site& site) {
+    if (!lost_[peer]) {
+      const auto start = steady::now();
+      const bool came =
+          wait_or_mark_lost(transport_, mask_lost_ranks_, lost_, slot(kind, peer), epoch, dl, site);
+      stats_.wait_per_peer[peer] += steady::now() - start;
+      if (came) return true;
+    }
+    if constexpr (can_mask_lost_ranks)
+      return std::atomic_ref(progress_word(peer, kind)).load(std::memory_order_acquire) >= epoch;
+    else
+      return false;  // unreachable: nothing is marked lost without masking
+  }
+
+  std::uint64_t& progress_word(int r, wire::signal_kind kind) {
+    return peer_array<std::uint64_t>(r, plan_.progress)[static_cast<int>(kind)];
+  }
+
+  // Peer-mapped path, once this rank's writes of round `kind` of call
+  // `epoch` to every peer are done: stores the progress word lost-peer
+  // settlement reads (see await_round), then adds 1 to the round's counter
+  // at every peer not lost.
+  void end_round(wire::signal_kind kind, std::uint64_t epoch) {
+    std::atomic_ref(progress_word(rank_, kind)).store(epoch, std::memory_order_release);
+    for (int p = 0; p < world_; ++p)
+      if (!lost_[p]) transport_.signal_add(p, slot(kind, rank_), 1);
+  }
+
+  void inject(fault::point at, const char* op) {
+    fault::inject(at, rank_, op, [this] { abort_transport(); });
+  }
+
+  // When every rank has agreed to reject a call, each still completes the
+  // call's final round (a counted signal with no payload) before throwing: a
+  // rank that raced into its next call would otherwise overwrite status slots
+  // that slower peers have not read yet.
+  template <class Check>
+  void settle_on_failure(Check&& check, wire::signal_kind final_round, std::uint64_t epoch,
+                         const deadline& dl, const char* op) {
+    try {
+      check();
+    } catch (const error&) {
+      guarded([&] {
+        if constexpr (via_proxy)
+          for (int p = 0; p < world_; ++p)
+            enqueue(proxy::op_code::signal, p, 0, 0, 0, slot(final_round, rank_), dl);
+        else
+          end_round(final_round, epoch);
+        for (int p = 0; p < world_; ++p)
+          await_round(final_round, p, epoch, dl, {op, p, "agreement to reject the call"});
+      });
+      throw;
+    }
+  }
+
+  std::string validate(const dispatch_input<Token>& in, const dispatch_options& opt) const {
+    const auto t = static_cast<std::size_t>(std::max(in.num_tokens, 0));
+    const auto h = static_cast<std::size_t>(std::max(in.hidden, 0));
+    const auto k = static_cast<std::size_t>(std::max(in.topk, 0));
+    if (in.num_tokens < 0) return "num_tokens is negative";
+    if (in.num_tokens > cap_.max_tokens_per_rank)
+      return std::to_string(in.num_tokens) + " tokens exceed the buffer's max_tokens_per_rank " +
+             std::to_string(cap_.max_tokens_per_rank);
+    if (in.hidden < 1 || in.hidden > cap_.max_hidden)
+      return "hidden " + std::to_string(in.hidden) + " is outside [1, " +
+             std::to_string(cap_.max_hidden) + "]";
+    if (token_traits<Token>::has_scales && in.hidden % 128 != 0)
+      return "hidden " + std::to_string(in.hidden) + " is not a multiple of 128 (fp8 scales)";
+    if (in.topk < 1 || in.topk > cap_.max_topk)
+      return "topk " + std::to_string(in.topk) + " is outside [1, " +
+             std::to_string(cap_.max_topk) + "]";
+    if (in.x.size() != t * h)
+      return "x holds " + std::to_string(in.x.size()) +
+             " elements, expected T*H = " + std::to_string(t * h);
+    const std::size_t scales = token_traits<Token>::has_scales ? t * (h / 128) : 0;
+    if (in.x_scales.size() != scales)
+      return "x_scales holds " + std::to_string(in.x_scales.size()) + " values, expected " +
+             std::to_string(scales);
+    if (in.topk_idx.size() != t * k)
+      return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
+             " ids, expected T*K = " + std::to_string(t * k);
+    if (in.topk_weights.size() != t * k)
+      return "topk_weights holds " + std::to_string(in.topk_weights.size()) +
+             " values, expected T*K = " + std::to_string(t * k);
+    if (opt.worst_case_recv_tokens < 0 || opt.worst_case_recv_tokens > cap_.max_recv_tokens)
+      return "worst_case_recv_tokens " + std::to_string(opt.worst_case_recv_tokens) +
+             " is outside [0, max_recv_tokens " + std::to_string(cap_.max_recv_tokens) + "]";
+    if (auto bad = find_invalid_expert(in.topk_idx, in.topk, cap_.num_experts)) return *bad;
+    return {};
+  }
+
+  void post_notify(const dispatch_input<Token>& in, const dispatch_options& opt, const layout& lay,
+                   const std::string& cause, std::uint64_t epoch, const deadline& dl) {
+    quiet_staging(dl);
+    wire::notify_header hdr{};
+    hdr.magic = wire::magic;
+    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
+    hdr.epoch = epoch;
+    hdr.num_tokens = in.num_tokens;
+    hdr.hidden = in.hidden;
+    hdr.topk = in.topk;
+    hdr.num_experts = cap_.num_experts;
+    hdr.token_id = token_traits<Token>::id;
+    hdr.recv_bound = opt.worst_case_recv_tokens;
+    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+    const int per_rank = cap_.num_experts / world_;
+    std::vector<std::int32_t> zeros(world_ + per_rank, 0);
+    const std::size_t notify_bytes = sizeof hdr + sizeof(std::int32_t) * (world_ + per_rank);
+    for (int p = 0; p < world_; ++p) {
+      if (lost_[p]) continue;
+      const std::size_t there = plan_.notify + rank_ * plan_.notify_slot_bytes;
+      const std::size_t staged = plan_.send_notify + p * plan_.notify_slot_bytes;
+      std::byte* at = outgoing(p, there, staged);
+      std::memcpy(at, &hdr, sizeof hdr);
+      auto* counts = reinterpret_cast<std::int32_t*>(at + sizeof hdr);
+      if (cause.empty()) {
+        std::copy(lay.tokens_per_rank.begin(), lay.tokens_per_rank.end(), counts);
+        std::copy_n(lay.tokens_per_expert.begin() + p * per_rank, per_rank, counts + world_);
+      } else {
+        std::copy(zeros.begin(), zeros.end(), counts);
+      }
+      if constexpr (via_proxy)
+        enqueue(proxy::op_code::put_signal, p, staged, there, notify_bytes,
+                slot(wire::signal_kind::notify, rank_), dl);
+    }
+    if constexpr (!via_proxy) end_round(wire::signal_kind::notify, epoch);
+  }
+
+  // Every member's notify record; a rank outside `members` sent nothing and
+  // counts as sending nothing (its slot may hold an older call's record).
+  std::vector<peer_notify> read_notify(const std::vector<bool>& members) {
+    const int per_rank = cap_.num_experts / world_;
+    std::vector<peer_notify> peers(world_);
+    const std::byte* base = transport_.local_buffer().data() + plan_.notify;
+    for (int s = 0; s < world_; ++s) {
+      if (!members[s]) {
+        peers[s].tokens_per_rank.assign(world_, 0);
+        peers[s].tokens_per_local_expert.assign(per_rank, 0);
+        continue;
+      }
+      const std::byte* at = base + s * plan_.notify_slot_bytes;
+      std::memcpy(&peers[s].header, at, sizeof(wire::notify_header));
+      const auto* counts = reinterpret_cast<const std::int32_t*>(at + sizeof(wire::notify_header));
+      peers[s].tokens_per_rank.assign(counts, counts + world_);
+      peers[s].tokens_per_local_expert.assign(counts + world_, counts + world_ + per_rank);
+    }
+    return peers;
+  }
+
+  template <class T>
+  T* peer_array(int peer, std::size_t offset) {
+    return reinterpret_cast<T*>(transport_.peer_ptr(peer, offset));
+  }
+
+  void send_rows(const dispatch_input<Token>& in, const layout& lay, const dispatch_handle& h,
+                 const topology& topo, const deadline& dl) {
+    quiet_staging(dl);
+    const std::size_t hidden = in.hidden;
+    const std::size_t k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    const int per_rank = topo.experts_per_rank();
+    // Over RMA, x written into dispatch_send_buffer is put from there.
+    const bool stage_x = !(via_proxy && in.x.data() == dispatch_send_area());
+    struct target {
+      Token* x;
+      float* scales;
+      std::int64_t* idx;
+      float* weights;
+      std::int32_t* src;
+      int base;
+    };
+    std::vector<target> to(world_);
+    if constexpr (via_proxy) {
+      // Staged by destination: rank r's rows start after those of ranks < r.
+      std::byte* base = transport_.local_buffer().data();
+      for (int r = 0, first = 0; r < world_; first += lay.tokens_per_rank[r++])
+        to[r] = {reinterpret_cast<Token*>(base + plan_.send_x),
+                 reinterpret_cast<float*>(base + plan_.send_scales),
+                 reinterpret_cast<std::int64_t*>(base + plan_.send_topk_idx),
+                 reinterpret_cast<float*>(base + plan_.send_weights),
+                 reinterpret_cast<std::int32_t*>(base + plan_.send_src_idx),
+                 first};
+    } else {
+      for (int r = 0; r < world_; ++r)
+        to[r] = {peer_array<Token>(r, plan_.recv_x),
+                 peer_array<float>(r, plan_.recv_scales),
+                 peer_array<std::int64_t>(r, plan_.recv_topk_idx),
+                 peer_array<float>(r, plan_.recv_weights),
+                 peer_array<std::int32_t>(r, plan_.recv_src_idx),
+                 h.recv_offset(rank_, r)};
+    }
+    // Token-major: each source row is read once, while hot, for all its ranks.
+    for (int t = 0; t < in.num_tokens; ++t) {
+      for (int r = 0; r < world_; ++r) {
+        const int pos = lay.position(t, r);
+        if (pos < 0 || lost_[r]) continue;
+        const std::size_t row = static_cast<std::size_t>(to[r].base + pos);
+        if (stage_x)
+          std::memcpy(to[r].x + row * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
+        if (nscales != 0)
+          std::memcpy(to[r].scales + row * nscales, in.x_scales.data() + t * nscales,
+                      nscales * sizeof(float));
+        for (std::size_t j = 0; j < k; ++j) {
+          const std::int64_t local = local_expert_id(in.topk_idx[t * k + j], r, per_rank);
+          to[r].idx[row * k + j] = local;
+          to[r].weights[row * k + j] = local >= 0 ? in.topk_weights[t * k + j] : 0.0f;
+        }
+        to[r].src[row] = t;
+      }
+    }
+    if constexpr (via_proxy)
+      put_rows(lay, h, hidden, k, nscales, stage_x, to, dl);
+    else
+      end_round(wire::signal_kind::data, dispatch_epoch_);
+  }
+
+  // RMA path of send_rows: one put per array and destination, the last one
+  // carrying the data signal. Unstaged x goes out from dispatch_send_buffer
+  // in runs: consecutive tokens bound for rank r land in consecutive rows
+  // there (rows arrive in source order), so each run is one write.
+  template <class Target>
+  void put_rows(const layout& lay, const dispatch_handle& h, std::size_t hidden, std::size_t k,
+                std::size_t nscales, bool staged_x, const std::vector<Target>& staged,
+                const deadline& dl) {
+    const std::size_t data = slot(wire::signal_kind::data, rank_);
+    for (int r = 0; r < world_; ++r) {
+      const std::size_t n = lay.tokens_per_rank[r];
+      if (n == 0) {
+        enqueue(proxy::op_code::signal, r, 0, 0, 0, data, dl);
+        continue;
+      }
+      const std::size_t from = staged[r].base;
+      const std::size_t to = h.recv_offset(rank_, r);
+      auto put = [&](proxy::op_code op, std::size_t local, std::size_t remote, std::size_t row) {
+        enqueue(op, r, local + from * row, remote + to * row, n * row, data, dl);
+      };
+      const std::size_t row_x = hidden * sizeof(Token);
+      if (staged_x)
+        put(proxy::op_code::put, plan_.send_x, plan_.recv_x, row_x);
+      else
+        for (int t = 0, end = 0; t < lay.num_tokens; t = end) {
+          end = t + 1;
+          const int pos = lay.position(t, r);
+          if (pos < 0) continue;
+          while (end < lay.num_tokens && lay.position(end, r) >= 0) ++end;
+          enqueue(proxy::op_code::put, r, plan_.send_tokens + static_cast<std::size_t>(t) * row_x,
+                  plan_.recv_x + (to + static_cast<std::size_t>(pos)) * row_x,
+                  static_cast<std::size_t>(end - t) * row_x, data, dl);
+        }
+      if (nscales != 0)
+        put(proxy::op_code::put, plan_.send_scales, plan_.recv_scales, nscales * sizeof(float));
+      put(proxy::op_code::put, plan_.send_topk_idx, plan_.recv_topk_idx, k * sizeof(std::int64_t));
+      put(proxy::op_code::put, plan_.send_weights, plan_.recv_weights, k * sizeof(float));
+      put(proxy::op_code::put_signal, plan_.send_src_idx, plan_.recv_src_idx, sizeof(std::int32_t));
+    }
+  }
+
+  // `rows_came[s]`: source s's rows all arrived; where a lost member's did
+  // not, its rows are left as padding (mask_lost_ranks).
+  void fill_result(dispatch_result<Token>& res, const dispatch_input<Token>& in,
+                   const dispatch_options& opt, const std::vector<peer_notify>& peers,
+                   const std::vector<bool>& rows_came) {
+    const int n = res.handle.num_recv_tokens;
+    const int rows = opt.worst_case_recv_tokens > 0 ? opt.worst_case_recv_tokens : n;
+    const std::size_t hidden = in.hidden;
+    const std::size_t k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    std::byte* base = transport_.local_buffer().data();
+    auto* idx = reinterpret_cast<std::int64_t*>(base + plan_.recv_topk_idx);
+    auto* weights = reinterpret_cast<float*>(base + plan_.recv_weights);
+    auto* src = reinterpret_cast<std::int32_t*>(base + plan_.recv_src_idx);
+    // Padding rows must read as "routed nowhere" for callers that loop over
+    // the bound rather than the count.
+    std::fill(idx + n * k, idx + rows * k, -1);
+    std::fill(weights + n * k, weights + rows * k, 0.0f);
+    std::fill(src + n, src + rows, -1);
+    for (int s = 0; s < world_; ++s) {
+      if (rows_came[s]) continue;
+      const std::size_t first = res.handle.recv_offset(s, rank_);
+      const std::size_t end = first + res.handle.sent(s, rank_);
+      std::fill(idx + first * k, idx + end * k, -1);
+      std::fill(weights + first * k, weights + end * k, 0.0f);
+      std::fill(src + first, src + end, -1);
+    }
+    res.num_recv_tokens = n;
+    res.recv_x = {reinterpret_cast<const Token*>(base + plan_.recv_x), rows * hidden};
+    if (nscales != 0)
+      res.recv_x_scales = {reinterpret_cast<const float*>(base + plan_.recv_scales),
+                           rows * nscales};
+    res.recv_topk_idx = {idx, rows * k};
+    res.recv_topk_weights = {weights, rows * k};
+    res.recv_src_idx = {src, static_cast<std::size_t>(rows)};
+    res.num_recv_tokens_per_expert.assign(cap_.num_experts / world_, 0);
+    for (int s = 0; s < world_; ++s)
+      if (rows_came[s])
+        for (std::size_t e = 0; e < peers[s].tokens_per_local_expert.size(); ++e)
+          res.num_recv_tokens_per_expert[e] += peers[s].tokens_per_local_expert[e];
+  }
+
+  std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,
+                       std::span<combine_t> out_x, std::span<float> out_weights) const {
+    if (h.world_size != world_ || h.rank != rank_)
+      return "handle belongs to rank " + std::to_string(h.rank) + " of a world of " +
+             std::to_string(h.world_size);
+    const std::size_t hidden = h.hidden;
+    const std::size_t t = h.num_tokens;
+    const std::size_t k = h.topk;
+    if (in.y.size() % hidden != 0 || in.y.size() < h.num_recv_tokens * hidden)
+      return "y holds " + std::to_string(in.y.size()) +
+             " elements, expected N*H with N >= " + std::to_string(h.num_recv_tokens) +
+             " rows of " + std::to_string(hidden);
+    const std::size_t rows = in.y.size() / hidden;
+    if (in.topk_weights && in.topk_weights->size() != rows * k)
+      return "topk_weights holds " + std::to_string(in.topk_weights->size()) +
+             " values, expected " + std::to_string(rows * k) + " (rows of y times topk)";
+    for (auto bias : {in.bias_0, in.bias_1})
+      if (!bias.empty() && bias.size() != t * hidden)
+        return "bias holds " + std::to_string(bias.size()) +
+               " elements, expected T*H = " + std::to_string(t * hidden);
+    if (out_x.size() != t * hidden)
+      return "output holds " + std::to_string(out_x.size()) +
+             " elements, expected T*H = " + std::to_string(t * hidden);
+    if (in.topk_weights && out_weights.size() != t * k)
+      return "output weights hold " + std::to_string(out_weights.size()) +
+             " values, expected T*K = " + std::to_string(t * k);
+    return {};
+  }
+
+  void post_combine_status(const std::string& cause, bool with_weights, bool in_place,
+                           std::uint64_t epoch, const deadline& dl) {
+    quiet_staging(dl);
+    wire::combine_header hdr{};
+    hdr.epoch = epoch;
+    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
+    hdr.with_weights = with_weights ? 1 : 0;
+    hdr.in_place = in_place ? 1 : 0;
+    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+    const std::size_t there = plan_.combine_status + rank_ * plan_.combine_status_slot_bytes;
+    if constexpr (via_proxy)
+      std::memcpy(transport_.local_buffer().data() + plan_.send_combine_status, &hdr, sizeof hdr);
+    for (int p = 0; p < world_; ++p) {
+      if constexpr (via_proxy)
+        enqueue(proxy::op_code::put_signal, p, plan_.send_combine_status, there, sizeof hdr,
+                slot(wire::signal_kind::combine_ready, rank_), dl);
+      else if (!lost_[p])
+        std::memcpy(transport_.peer_ptr(p, there), &hdr, sizeof hdr);
+    }
+    if constexpr (!via_proxy) end_round(wire::signal_kind::combine_ready, epoch);
+  }
+
+  // Every member's combine status, once all agree that the call goes ahead;
+  // a rank outside `members` counts as an ok one that left nothing in place.
+  std::vector<wire::combine_header> check_combine_status(std::uint64_t epoch,
+                                                         const std::vector<bool>& members) {
+    const std::byte* base = transport_.local_buffer().data() + plan_.combine_status;
+    std::vector<wire::combine_header> all(world_);
+    for (int s = 0; s < world_; ++s)
+      if (members[s])
+        std::memcpy(&all[s], base + s * plan_.combine_status_slot_bytes,
+                    sizeof(wire::combine_header));
+    judge_combine_status(rank_, epoch, all, members);
+    return all;
+  }
+
+  // dispatch_send_buffer's tokens.
+  Token* dispatch_send_area() {
+    if constexpr (via_proxy)
+      return reinterpret_cast<Token*>(transport_.local_buffer().data() + plan_.send_tokens);
+    else
+      return send_tokens_.data();
+  }
+
+  // combine_send_buffer's rows: the in-place region, or the RMA staging area.
+  combine_t* combine_y() {
+    return reinterpret_cast<combine_t*>(transport_.local_buffer().data() +
+                                        (via_proxy ? plan_.send_combine_x : plan_.combine_y));
+  }
+
+  // y is exactly the span combine_send_buffer(h) gives.
+  bool left_in_place(const combine_input<combine_t>& in, const dispatch_handle& h) {
+    return h.hidden >= 1 && h.num_recv_tokens >= 0 && in.y.data() == combine_y() &&
+           in.y.size() == static_cast<std::size_t>(h.num_recv_tokens) * h.hidden;
+  }
+
+  // Rows left in place are read by the sources during their reduce: each
+  // source then tells every such rank, which returns only once all have, so
+  // that the caller cannot overwrite rows a slower source still reads.
+  void release_in_place_rows(const std::vector<wire::combine_header>& status, bool in_place,
+                             const deadline& dl) {
+    guarded([&] {
+      for (int r = 0; r < world_; ++r)
+        if (status[r].in_place && !lost_[r])
+          transport_.signal_add(r, slot(wire::signal_kind::combine_read, rank_), 1);
+      if (!in_place) return;
+      ++in_place_combines_;
+      // A lost source reads nothing any more.
+      for (int s = 0; s < world_; ++s)
+        await_round(wire::signal_kind::combine_read, s, in_place_combines_, dl,
+                    {"combine", s, "the end of its reads of the rows left in place"});
+    });
+  }
+
+  // Sends y's rows back to their sources, unless this rank left them in
+  // place; the weights always go.
+  void return_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place,
+                   std::uint64_t epoch) {
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const bool weights = in.topk_weights.has_value();
+    for (int s = 0; s < world_; ++s) {
+      const std::size_t n = h.sent(s, rank_);
+      if (n != 0 && !lost_[s]) {
+        const std::size_t from = h.recv_offset(s, rank_);
+        const std::size_t to = h.return_offset(s, rank_);
+        if (!in_place)
+          std::memcpy(peer_array<combine_t>(s, plan_.combine_x) + to * hidden,
+                      in.y.data() + from * hidden, n * hidden * sizeof(combine_t));
+        if (weights)
+          std::memcpy(peer_array<float>(s, plan_.combine_weights) + to * k,
+                      in.topk_weights->data() + from * k, n * k * sizeof(float));
+      }
+    }
+    end_round(wire::signal_kind::combine_data, epoch);
+  }
+
+  // RMA path of return_rows: y's rows, in receive order, are staged once
+  // (unless the experts wrote them there, through combine_send_buffer);
+  // each source gets its block back with one put per array, the last one
+  // carrying the combine-data signal.
+  void put_combine_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place,
+                        const deadline& dl) {
+    quiet_staging(dl);
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const std::size_t rows = h.num_recv_tokens;
+    const bool weights = in.topk_weights.has_value();
+    std::byte* base = transport_.local_buffer().data();
+    if (rows != 0) {
+      if (!in_place)
+        std::memcpy(base + plan_.send_combine_x, in.y.data(), rows * hidden * sizeof(combine_t));
+      if (weights)
+        std::memcpy(base + plan_.send_combine_weights, in.topk_weights->data(),
+                    rows * k * sizeof(float));
+    }
+    const std::size_t done = slot(wire::signal_kind::combine_data, rank_);
+    for (int s = 0; s < world_; ++s) {
+      const std::size_t n = h.sent(s, rank_);
+      if (n == 0) {
+        enqueue(proxy::op_code::signal, s, 0, 0, 0, done, dl);
+        continue;
+      }
+      const std::size_t from = h.recv_offset(s, rank_);
+      const std::size_t to = h.return_offset(s, rank_);
+      const std::size_t row_x = hidden * sizeof(combine_t);
+      const std::size_t row_w = k * sizeof(float);
+      // This rank's own rows stay in the staging area: reduce reads them there.
+      if (s == rank_ && !weights)
+        enqueue(proxy::op_code::signal, s, 0, 0, 0, done, dl);
+      else if (s != rank_)
+        enqueue(weights ? proxy::op_code::put : proxy::op_code::put_signal, s,
+                plan_.send_combine_x + from * row_x, plan_.combine_x + to * row_x, n * row_x, done,
+                dl);
+      if (weights)
+        enqueue(proxy::op_code::put_signal, s, plan_.send_combine_weights + from * row_w,
+                plan_.combine_weights + to * row_w, n * row_w, done, dl);
+    }
+  }
+
+  // Token t's row from rank r: in this rank's combine region, where r
+  // returned it, or where r left it in place; over RMA this rank's own rows
+  // are read in its staging area, where put_combine_rows left them. Rows of
+  // a rank that did not return them (`returned`: lost) are left out and
+  // counted.
+  void reduce(const combine_input<combine_t>& in, const dispatch_handle& h,
+              const std::vector<wire::combine_header>& status, const std::vector<bool>& returned,
+              std::span<combine_t> out_x, std::span<float> out_weights) {
+    const std::size_t hidden = h.hidden;
+    const std::size_t k = h.topk;
+    const std::byte* base = transport_.local_buffer().data();
+    const auto* wrows = reinterpret_cast<const float*>(base + plan_.combine_weights);
+    std::vector<int> first(world_);
+    std::vector<const combine_t*> rows(world_);
+    for (int r = 0; r < world_; ++r) {
+      first[r] = h.return_offset(rank_, r);
+      rows[r] = reinterpret_cast<const combine_t*>(base + plan_.combine_x) + first[r] * hidden;
+      if constexpr (via_proxy) {
+        if (r == rank_)
+          rows[r] = reinterpret_cast<const combine_t*>(base + plan_.send_combine_x) +
+                    static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
+      } else if (status[r].in_place) {
+        rows[r] = reinterpret_cast<const combine_t*>(transport_.peer_ptr(r, plan_.combine_y)) +
+                  static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
+      }
+    }
+    std::vector<const combine_t*> srcs;
+    srcs.reserve(static_cast<std::size_t>(world_));
+    for (int t = 0; t < h.num_tokens; ++t) {
+      const std::size_t at = static_cast<std::size_t>(t) * hidden;
+      if (!out_weights.empty())
+        std::fill_n(out_weights.begin() + static_cast<std::ptrdiff_t>(t * k), k, 0.0f);
+      srcs.clear();
+      for (int r = 0; r < world_; ++r) {
+        const int pos = h.send_pos[static_cast<std::size_t>(t) * world_ + r];
+        if (pos < 0) continue;
+        if (!returned[r]) {
+          ++stats_.masked_contributions;
+          continue;
+        }
+        const std::size_t row = static_cast<std::size_t>(first[r] + pos);
+        srcs.push_back(rows[r] + static_cast<std::size_t>(pos) * hidden);
+        if (!out_weights.empty())
+          for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += wrows[row * k + j];
+      }
+      reduce_token<combine_t, combine_t>(out_x.data() + at, hidden, srcs,
+                                         bias_row(in.bias_0, t, hidden),
+                                         bias_row(in.bias_1, t, hidden));
+    }
+  }
+
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  wire::capacity cap_;
+  wire::region_plan plan_;
+  Transport transport_;
+  proxy_type proxy_;  // after transport_: it stops before the transport closes
+  bool mask_lost_ranks_;
+  std::vector<bool> lost_;  // peers found gone (mask_lost_ranks); never cleared
+  std::uint64_t dispatch_epoch_ = 0;
+  std::uint64_t combine_epoch_ = 0;
+  std::uint64_t in_place_combines_ = 0;  // combines whose rows this rank left in place
+  std::optional<std::string> broken_;
+  buffer_stats stats_{std::vector<std::chrono::nanoseconds>(world_)};
+  std::vector<Token> send_tokens_;  // dispatch_send_buffer over a peer-mapped transport
+};
+
+}  // namespace epcomm

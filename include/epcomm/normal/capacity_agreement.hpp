@@ -1,0 +1,73 @@
+// The capacities a normal-mode buffer is built with, agreed collectively
+// (host/config_agreement.hpp). Same checks, messages and result as the host engine
+// (normal/buffer.hpp), so a device buffer and a host buffer built from one config
+// share one plan.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+
+#include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/host/config_agreement.hpp"
+#include "epcomm/normal/arguments.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/wire.hpp"
+
+namespace epcomm {
+
+// `can_mask_lost_ranks` says whether the caller's engine and transport
+// implement cfg.mask_lost_ranks; where they do not, asking for it fails every
+// rank rather than being ignored.
+template <token_type Token, bootstrap B>
+wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::milliseconds timeout,
+                              bool can_mask_lost_ranks = false) {
+  struct config_record {
+    std::int32_t valid;
+    std::int32_t num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens;
+    std::int32_t token_id;
+    std::int32_t mask_lost_ranks;
+  };
+  const int world = boot.world_size();
+  config_checks checks;
+  checks.need_experts_per_rank(cfg.num_experts, world);
+  checks.need(cfg.max_hidden > 0, "max_hidden must be > 0");
+  checks.need(!token_traits<Token>::has_scales || cfg.max_hidden % 128 == 0,
+              "max_hidden must be a multiple of 128 for fp8 tokens (one scale per 128 channels)");
+  checks.need_topk_within_experts(cfg.max_topk, cfg.num_experts);
+  checks.need(cfg.max_tokens_per_rank >= 0, "max_tokens_per_rank must be >= 0");
+  checks.need(cfg.max_recv_tokens >= 0, "max_recv_tokens must be >= 0");
+  const long long recv = cfg.max_recv_tokens > 0
+                             ? cfg.max_recv_tokens
+                             : static_cast<long long>(world) * cfg.max_tokens_per_rank;
+  checks.need(recv <= std::numeric_limits<std::int32_t>::max(), "max_recv_tokens overflows int32");
+  checks.need(!cfg.mask_lost_ranks || can_mask_lost_ranks,
+              "mask_lost_ranks needs the flat host engine over a peer-mapped transport that can "
+              "tell a peer's exit (shm)");
+
+  const config_record mine{checks.cause().empty() ? 1 : 0,
+                           cfg.num_experts,
+                           cfg.max_hidden,
+                           cfg.max_topk,
+                           cfg.max_tokens_per_rank,
+                           static_cast<std::int32_t>(recv),
+                           token_traits<Token>::id,
+                           cfg.mask_lost_ranks ? 1 : 0};
+  agree_config(boot, mine, checks.cause(), timeout, "buffer",
+               "num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens, "
+               "mask_lost_ranks and token type");
+  const int max_rows = cfg.max_tokens_per_rank * std::min(cfg.max_topk, world);
+  return wire::capacity{world,
+                        cfg.num_experts,
+                        cfg.max_hidden,
+                        cfg.max_topk,
+                        cfg.max_tokens_per_rank,
+                        static_cast<int>(recv),
+                        max_rows,
+                        static_cast<int>(sizeof(Token)),
+                        static_cast<int>(sizeof(combine_type_t<Token>)),
+                        token_traits<Token>::has_scales};
+}
+
+}  // namespace epcomm

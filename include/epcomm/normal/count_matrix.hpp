@@ -1,0 +1,37 @@
+// Row offsets derived from the count matrix every rank learns in the notify
+// phase: counts[s * R + r] is the number of tokens rank s sends to rank r.
+// The host engine (dispatch_handle) and the CUDA kernels place rows with these
+// same sums, which is what makes their buffers interchangeable.
+#pragma once
+
+#include "epcomm/core/config.hpp"
+
+namespace epcomm {
+
+// First row, in dst's receive order, of the tokens src sent to dst: receivers
+// order rows by source rank.
+EPCOMM_HD constexpr int recv_offset(const int* counts, int world, int src, int dst) {
+  int off = 0;
+  for (int s = 0; s < src; ++s) off += counts[s * world + dst];
+  return off;
+}
+
+// First row, in src's combine region, of the rows dst returns: a source
+// receives its combined rows grouped by the rank that returns them. Also the
+// first row, in src's send staging (RMA path), of the tokens src sends to
+// dst: staging holds them in that same order, by destination.
+EPCOMM_HD constexpr int return_offset(const int* counts, int world, int src, int dst) {
+  int off = 0;
+  for (int r = 0; r < dst; ++r) off += counts[src * world + r];
+  return off;
+}
+
+// Rows dst receives in one dispatch, summed in 64 bits so a hostile count
+// cannot wrap before it is compared with the buffer's capacity.
+EPCOMM_HD constexpr long long total_received(const int* counts, int world, int dst) {
+  long long n = 0;
+  for (int s = 0; s < world; ++s) n += counts[s * world + dst];
+  return n;
+}
+
+}  // namespace epcomm

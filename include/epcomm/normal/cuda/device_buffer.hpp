@@ -1,0 +1,434 @@
+// epcomm::cuda::device_buffer: normal-mode dispatch and combine with the CUDA
+// kernels as producers, over a device transport (nvlink_ipc: kernels store
+// into peers), or over an RMA transport (libfabric, UCX: kernels stage in
+// this rank's buffer and hand puts to the GPU-fed proxy; device_link.hpp,
+// normal/route.hpp). The protocol,
+// the wire format (wire::plan_regions, wire::signal_slot, notify_header) and
+// the error messages are the host engine's (normal/buffer.hpp); only the producer
+// differs: kernels on a stream instead of the calling thread.
+//
+// Inputs and outputs are device pointers. Each call enqueues its kernels on
+// the given stream. A dispatch synchronises (to report the received row count
+// and any error) unless the caller passes a worst-case receive bound, and a
+// combine unless asked not to; a call that does not synchronise, or any call
+// while the stream is being captured into a CUDA graph, reports its errors at
+// the next synchronize(stream). Kernels never hang: every wait has a deadline
+// and a late peer becomes an epcomm::error naming it.
+//
+// Host code (g++) can use this header: the kernels are reached through the
+// runtime switch (normal/cuda/registry.hpp), filled by .cu files that use
+// instantiate.cuh.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/cuda/device_link.hpp"
+#include "epcomm/normal/cuda/checks.hpp"
+#include "epcomm/normal/cuda/registry.hpp"
+#include "epcomm/normal/cuda/launch.hpp"
+#include "epcomm/transport/peer_table.hpp"
+#include "epcomm/normal/report.hpp"
+#include "epcomm/core/cuda_check.hpp"
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/normal/arguments.hpp"
+#include "epcomm/host/require_peer_mapped.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/wire.hpp"
+
+namespace epcomm::cuda {
+
+template <token_type Token>
+struct device_dispatch_input {
+  int num_tokens = 0;
+  int hidden = 0;
+  int topk = 0;
+  const Token* x = nullptr;                // [T][H]
+  const float* x_scales = nullptr;         // [T][H/128] for fp8, else null
+  const std::int64_t* topk_idx = nullptr;  // [T][K], -1 = no expert
+  const float* topk_weights = nullptr;     // [T][K]
+};
+
+// What combine needs from a dispatch; the routing itself stays in the
+// buffer's device workspace, so a handle is valid until the next dispatch.
+struct device_dispatch_handle {
+  int world_size = 0;
+  int rank = 0;
+  int num_tokens = 0;
+  int hidden = 0;
+  int topk = 0;
+  std::uint64_t sequence = 0;  // which dispatch of its buffer produced it
+};
+
+// Device views into the buffer, ordered by (source rank, source token), valid
+// until the next dispatch. `rows` is what the arrays hold: the received count,
+// or the worst-case bound (padding rows: topk_idx -1, weight 0, src_idx -1).
+template <token_type Token>
+struct device_dispatch_result {
+  int num_recv_tokens = -1;  // -1 until a synchronising call has read it
+  int rows = 0;
+  const Token* recv_x = nullptr;                         // [rows][H]
+  const float* recv_x_scales = nullptr;                  // [rows][H/128] for fp8
+  const std::int64_t* recv_topk_idx = nullptr;           // [rows][K] local expert ids, -1 elsewhere
+  const float* recv_topk_weights = nullptr;              // [rows][K] 0 where the id is -1
+  const std::int32_t* recv_src_idx = nullptr;            // [rows]
+  const std::int32_t* num_recv_tokens_device = nullptr;  // device scalar
+  const std::int32_t* num_recv_tokens_per_expert = nullptr;  // device [E/R]
+  std::vector<int> num_recv_tokens_per_expert_host;          // [E/R] when synchronised
+  device_dispatch_handle handle;
+};
+
+template <class Out>
+struct device_combine_input {
+  const Out* y = nullptr;               // [y_rows][H], aligned with what this rank received
+  long long y_rows = 0;                 // >= the received count
+  const float* topk_weights = nullptr;  // [y_rows][K] or null: every rank passes them or none
+  const Out* bias_0 = nullptr;          // [T][H] or null
+  const Out* bias_1 = nullptr;          // [T][H] or null
+};
+
+template <device_buffer_transport Transport, token_type Token>
+class device_buffer {
+  static constexpr bool via_proxy = device_link<Transport>::via_proxy;
+
+ public:
+  using token = Token;
+  using combine_t = combine_type_t<Token>;
+
+  // Collective: every rank constructs its buffer with the same config, with
+  // the CUDA device it uses already current. Over an RMA transport,
+  // `rma_memory` places the symmetric buffer: device memory (GPUDirect RDMA:
+  // FI_HMEM, UCX with CUDA) or host memory mapped into the device (fabric
+  // libraries without CUDA support; results are then read over PCIe).
+  template <bootstrap B>
+  requires std::constructible_from<Transport, B&, std::size_t, std::size_t, deadline> device_buffer(
+      B& boot, const buffer_config& cfg,
+      proxy::memory_kind rma_memory = proxy::memory_kind::cuda_device)
+      : rank_(boot.rank()),
+        world_(boot.world_size()),
+        timeout_(effective_timeout(cfg.timeout)),
+        cap_(agree_capacity<Token>(boot, cfg, timeout_)),
+        plan_(wire::plan_regions(cap_, via_proxy)),
+        // One channel for the calls' puts (their kernels are stream-ordered)
+        // and one for the abort relay.
+        link_(boot, plan_.total, with_abort_words(wire::signal_slots(world_), world_), timeout_,
+              rma_memory, 2) {
+    if constexpr (!via_proxy)
+      require_peer_mapped(link_.transport(), rank_, world_, "buffer",
+                          "normal mode over this transport needs every rank in one NVLink domain");
+    try {
+      allocate_workspace();
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  // Work still queued on a stream must have finished (synchronize()).
+  ~device_buffer() { release(); }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const wire::capacity& capacity() const { return cap_; }
+  const wire::region_plan& plan() const { return plan_; }
+  Transport& transport() { return link_.transport(); }
+  // The start of this rank's symmetric buffer, as kernels address it.
+  std::byte* local_device_buffer() { return link_.local_buffer(); }
+
+  device_dispatch_result<Token> dispatch(const device_dispatch_input<Token>& in,
+                                         const dispatch_options& opt = {},
+                                         cudaStream_t stream = nullptr) {
+    ensure_usable("dispatch");
+    const std::string cause = check_dispatch_shape(
+        cap_, {in.num_tokens, in.hidden, in.topk, opt.worst_case_recv_tokens, in.x != nullptr,
+               in.x_scales != nullptr, in.topk_idx != nullptr, in.topk_weights != nullptr});
+    dispatch_args a{};
+    a.peers = link_.peers();
+    a.route = route();
+    a.plan = plan_;
+    a.ws = ws_;
+    a.x = in.x;
+    a.x_scales = in.x_scales;
+    a.topk_idx = in.topk_idx;
+    a.topk_weights = in.topk_weights;
+    // A rejected call still runs the notify round (so every rank rejects it
+    // together) but with no tokens, so nothing reads past a bad shape.
+    a.num_tokens = cause.empty() ? in.num_tokens : 0;
+    a.hidden = in.hidden;
+    a.topk = in.topk;
+    a.num_experts = cap_.num_experts;
+    a.max_recv_tokens = cap_.max_recv_tokens;
+    a.recv_bound = opt.worst_case_recv_tokens;
+    a.token_id = token_traits<Token>::id;
+    a.sm_count = sm_count_;
+    a.timeout_ns = timeout_ns();
+    copy_cause(a.host_cause, cause);
+
+    const std::size_t row_bytes = static_cast<std::size_t>(in.hidden) * sizeof(Token);
+    const bool aligned = (reinterpret_cast<std::uintptr_t>(in.x) % 16 == 0) && row_bytes % 16 == 0;
+    const normal_kernels k = kernels_for("dispatch", in.hidden, aligned);
+    ++sequence_;
+    launch("dispatch", k.dispatch(a, stream), stream);
+
+    device_dispatch_result<Token> res;
+    const std::byte* base = link_.local_buffer();
+    res.recv_x = reinterpret_cast<const Token*>(base + plan_.recv_x);
+    if constexpr (token_traits<Token>::has_scales)
+      res.recv_x_scales = reinterpret_cast<const float*>(base + plan_.recv_scales);
+    res.recv_topk_idx = reinterpret_cast<const std::int64_t*>(base + plan_.recv_topk_idx);
+    res.recv_topk_weights = reinterpret_cast<const float*>(base + plan_.recv_weights);
+    res.recv_src_idx = reinterpret_cast<const std::int32_t*>(base + plan_.recv_src_idx);
+    res.num_recv_tokens_device = ws_.num_recv;
+    res.num_recv_tokens_per_expert = ws_.recv_per_expert;
+    res.handle = {world_, rank_, in.num_tokens, in.hidden, in.topk, sequence_};
+    res.rows = opt.worst_case_recv_tokens;
+    // A call the host already knows to fail reports at once, unless captured.
+    if ((opt.worst_case_recv_tokens == 0 || !cause.empty()) && !capturing(stream)) {
+      finish(stream, "dispatch");
+      res.num_recv_tokens = host_report_->num_recv_tokens;
+      if (res.rows == 0) res.rows = res.num_recv_tokens;
+      res.num_recv_tokens_per_expert_host.resize(cap_.num_experts / world_);
+      check_cuda(cudaMemcpy(res.num_recv_tokens_per_expert_host.data(), ws_.recv_per_expert,
+                            sizeof(int) * res.num_recv_tokens_per_expert_host.size(),
+                            cudaMemcpyDeviceToHost),
+                 rank_, "dispatch", no_peer, "cudaMemcpy(tokens per expert)");
+    }
+    return res;
+  }
+
+  // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given).
+  void combine(const device_combine_input<combine_t>& in, const device_dispatch_handle& h,
+               combine_t* out_x, float* out_weights = nullptr, cudaStream_t stream = nullptr,
+               bool synchronize_now = true) {
+    ensure_usable("combine");
+    std::string cause = check_combine_shape(
+        rank_, world_,
+        {h.rank, h.world_size, h.num_tokens, h.hidden, h.topk, in.y_rows, in.y != nullptr,
+         in.topk_weights != nullptr, out_x != nullptr, out_weights != nullptr});
+    if (cause.empty() && h.sequence != sequence_)
+      cause = "handle is from dispatch " + std::to_string(h.sequence) +
+              " of this buffer, whose device state holds dispatch " + std::to_string(sequence_) +
+              " (a device handle is valid until the next dispatch)";
+    combine_args a{};
+    a.peers = link_.peers();
+    a.route = route();
+    a.plan = plan_;
+    a.ws = ws_;
+    a.y = in.y;
+    a.y_weights = in.topk_weights;
+    a.bias_0 = in.bias_0;
+    a.bias_1 = in.bias_1;
+    a.out_x = out_x;
+    a.out_weights = in.topk_weights != nullptr ? out_weights : nullptr;
+    a.y_rows = cause.empty() ? in.y_rows : 0;
+    a.num_tokens = cause.empty() ? h.num_tokens : 0;
+    a.hidden = h.hidden;
+    a.topk = h.topk;
+    a.sm_count = sm_count_;
+    a.timeout_ns = timeout_ns();
+    copy_cause(a.host_cause, cause);
+
+    const std::size_t row_bytes = static_cast<std::size_t>(h.hidden) * sizeof(combine_t);
+    const std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(in.y) |
+                                reinterpret_cast<std::uintptr_t>(in.bias_0) |
+                                reinterpret_cast<std::uintptr_t>(in.bias_1) |
+                                reinterpret_cast<std::uintptr_t>(out_x) | row_bytes;
+    const normal_kernels k = kernels_for("combine", h.hidden, bits % 16 == 0);
+    launch("combine", k.combine(a, stream), stream);
+    if ((synchronize_now || !cause.empty()) && !capturing(stream)) finish(stream, "combine");
+  }
+
+  // Waits for everything this buffer enqueued on `stream` and throws the first
+  // failure any of it recorded.
+  void synchronize(cudaStream_t stream = nullptr) {
+    ensure_usable("synchronize");
+    finish(stream, "synchronize");
+  }
+
+ private:
+  normal_route route() const {
+    normal_route r{};
+    if constexpr (via_proxy) r = {1, link_.channel(0), link_.channel(1)};
+    return r;
+  }
+
+  static void copy_cause(char (&out)[wire::cause_bytes], const std::string& cause) {
+    std::memset(out, 0, sizeof out);
+    std::memcpy(out, cause.data(), std::min(cause.size(), sizeof out - 1));
+  }
+
+  std::uint64_t timeout_ns() const {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count());
+  }
+
+  void ensure_usable(const char* op) const {
+    if (broken_)
+      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
+  }
+
+  normal_kernels kernels_for(const char* op, int hidden, bool aligned) const {
+    normal_kernels k{};
+    if (!kernel_registry::global().find(token_traits<Token>::id, world_, hidden, aligned, k))
+      throw error(
+          rank_, op, no_peer,
+          "no CUDA kernels fit " + std::string(token_traits<Token>::name) + " tokens on " +
+              std::to_string(world_) + " ranks with hidden " + std::to_string(hidden) +
+              " (instantiated: " + kernel_registry::global().describe(token_traits<Token>::id) +
+              "); link a .cu file that uses EPCOMM_CUDA_INSTANTIATE_NORMAL(Token, 0, 0) "
+              "(epcomm/normal/cuda/instantiate.cuh)");
+    return k;
+  }
+
+  static bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+           status != cudaStreamCaptureStatusNone;
+  }
+
+  // Enqueues the copy of the device report after the kernels, or marks the
+  // buffer broken when they could not even be launched.
+  void launch(const char* op, int launch_status, cudaStream_t stream) {
+    try {
+      check_cuda(static_cast<cudaError_t>(launch_status), rank_, op, no_peer, "kernel launch");
+      check_cuda(
+          cudaMemcpyAsync(host_report_, ws_.rep, sizeof(report), cudaMemcpyDeviceToHost, stream),
+          rank_, op, no_peer, "cudaMemcpyAsync(report)");
+    } catch (const error& e) {
+      broken_ = e.what();
+      throw;
+    }
+  }
+
+  // Waits for the stream with a host deadline (kernels bound every wait by
+  // the timeout; a call makes at most three waits in sequence), then turns a
+  // recorded failure into the host engine's error.
+  void finish(cudaStream_t stream, const char* op) {
+    const deadline dl = deadline::after(4 * timeout_ + std::chrono::seconds(1));
+    cudaError_t status = cudaSuccess;
+    const bool done = ::epcomm::detail::spin_wait(
+        [&] {
+          status = cudaStreamQuery(stream);
+          return status != cudaErrorNotReady;
+        },
+        dl, [] {});
+    if (!done) {
+      broken_ = "the device did not finish within the deadline";
+      throw error(rank_, op, no_peer,
+                  "the device did not finish the enqueued work within " +
+                      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         4 * timeout_ + std::chrono::seconds(1))
+                                         .count()) +
+                      " ms (is the GPU oversubscribed or another kernel stuck?)");
+    }
+    try {
+      check_cuda(status, rank_, op, no_peer, "the enqueued kernels");
+    } catch (const error& e) {
+      broken_ = e.what();
+      throw;
+    }
+    const report r = *host_report_;
+    if (r.code == failure::none && r.broken == 0) return;
+    const error e = r.code == failure::none
+                        ? error(rank_, op, no_peer, "an earlier call on this buffer timed out")
+                    : r.code == failure::proxy ? link_.with_proxy_cause(to_error(r, rank_, op))
+                                               : to_error(r, rank_, op);
+    if (breaks_buffer(r) || r.broken != 0) {
+      broken_ = e.what();
+    } else {
+      // A verdict every rank reached together: clear it, the buffer goes on.
+      check_cuda(cudaMemsetAsync(&ws_.rep->code, 0, sizeof(ws_.rep->code), stream), rank_, op,
+                 no_peer, "cudaMemsetAsync(report)");
+      check_cuda(cudaStreamSynchronize(stream), rank_, op, no_peer, "cudaStreamSynchronize");
+    }
+    throw e;
+  }
+
+  // One device allocation for the workspace, carved into aligned arrays.
+  void allocate_workspace() {
+    const auto check = [this](cudaError_t s, const char* call) {
+      check_cuda(s, rank_, "buffer", no_peer, call);
+    };
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
+          "cudaDeviceGetAttribute(multiProcessorCount)");
+
+    const std::size_t r = world_;
+    const std::size_t e = cap_.num_experts;
+    std::size_t at = 0;
+    auto take = [&at](std::size_t bytes) {
+      const std::size_t here = at;
+      at = wire::align_up(at + bytes, 16);
+      return here;
+    };
+    const std::size_t send_pos = take(sizeof(std::int32_t) * cap_.max_tokens_per_rank * r);
+    const std::size_t per_rank = take(sizeof(std::int32_t) * r);
+    const std::size_t per_expert = take(sizeof(std::int32_t) * e);
+    const std::size_t matrix = take(sizeof(std::int32_t) * r * r);
+    const std::size_t recv_expert = take(sizeof(std::int32_t) * (e / r));
+    const std::size_t invalid = take(sizeof(std::uint64_t));
+    const std::size_t epochs = take(2 * sizeof(std::uint64_t));
+    const std::size_t done = take(2 * sizeof(std::uint32_t));
+    const std::size_t accepted = take(3 * sizeof(std::int32_t));  // [2] + num_recv
+    const std::size_t rep = take(sizeof(report));
+    check(cudaMalloc(&workspace_, at), "cudaMalloc(workspace)");
+    check(cudaMemset(workspace_, 0, at), "cudaMemset(workspace)");
+    auto* w = static_cast<std::byte*>(workspace_);
+    ws_.send_pos = reinterpret_cast<std::int32_t*>(w + send_pos);
+    ws_.tokens_per_rank = reinterpret_cast<std::int32_t*>(w + per_rank);
+    ws_.tokens_per_expert = reinterpret_cast<std::int32_t*>(w + per_expert);
+    ws_.count_matrix = reinterpret_cast<std::int32_t*>(w + matrix);
+    ws_.recv_per_expert = reinterpret_cast<std::int32_t*>(w + recv_expert);
+    ws_.first_invalid = reinterpret_cast<std::uint64_t*>(w + invalid);
+    ws_.dispatch_epoch = reinterpret_cast<std::uint64_t*>(w + epochs);
+    ws_.combine_epoch = ws_.dispatch_epoch + 1;
+    ws_.blocks_done = reinterpret_cast<std::uint32_t*>(w + done);
+    ws_.accepted = reinterpret_cast<std::int32_t*>(w + accepted);
+    ws_.num_recv = ws_.accepted + 2;
+    ws_.rep = reinterpret_cast<report*>(w + rep);
+    check(cudaMemset(ws_.first_invalid, 0xFF, sizeof(std::uint64_t)), "cudaMemset(first_invalid)");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    void* pinned = nullptr;
+    check(cudaMallocHost(&pinned, sizeof(report)), "cudaMallocHost(report)");
+    host_report_ = static_cast<report*>(pinned);
+    std::memset(host_report_, 0, sizeof(report));
+  }
+
+  void release() noexcept {
+    if (workspace_ != nullptr) cudaFree(workspace_);
+    if (host_report_ != nullptr) cudaFreeHost(host_report_);
+    workspace_ = nullptr;
+    host_report_ = nullptr;
+  }
+
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  wire::capacity cap_;
+  wire::region_plan plan_;
+  device_link<Transport> link_;
+  int sm_count_ = 1;
+  void* workspace_ = nullptr;
+  workspace ws_{};
+  report* host_report_ = nullptr;  // pinned; the last enqueued report copy lands here
+  std::uint64_t sequence_ = 0;
+  std::optional<std::string> broken_;
+};
+
+}  // namespace epcomm::cuda

@@ -1,0 +1,156 @@
+// What the CUDA kernels tell the host about one call: whether it went through,
+// and if not, why, in enough detail to build the same epcomm::error the host
+// engine throws for the same situation. A kernel never hangs and never traps:
+// it fills this record and returns, and the host turns it into an exception.
+//
+// Plain integers and a char array, so the record lives in device memory, is
+// copied to pinned host memory as bytes, and compiles without CUDA.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "epcomm/core/error.hpp"
+#include "epcomm/proxy/channel.hpp"
+#include "epcomm/transport/peer_abort.hpp"
+#include "epcomm/normal/wire.hpp"
+
+namespace epcomm::cuda {
+
+enum class failure : std::int32_t {
+  none = 0,
+  deadline,            // a wait expired: peer, what, expected, seen
+  notify_mismatch,     // a notify header from another call: peer, expected/seen epoch
+  combine_mismatch,    // a combine header from another call: peer, expected/seen epoch
+  invalid_input,       // this rank's input was rejected: cause
+  peer_invalid_input,  // peer's input was rejected: peer, cause
+  disagreement,        // peer's `field` differs from rank 0's: seen there, expected on rank 0
+  over_capacity,       // peer would receive `seen` rows, its buffer holds `expected`
+  over_bound,          // peer would receive `seen` rows, its worst_case_recv_tokens is `expected`
+  weights_mismatch,    // peer passes topk_weights to combine and rank 0 does not, or vice versa
+  peer_aborted,        // `reporter` gave up blaming `peer` and told this rank (abort_link.hpp)
+  proxy,               // over an RMA transport: a channel call returned `seen` (channel_status)
+};
+
+// What a wait that expired was waiting for; the text matches the host
+// engine's wait sites so both paths print the same error.
+enum class waited_for : std::int32_t {
+  notify_counts = 0,
+  token_rows,
+  agreement_to_reject,
+  combine_readiness,
+  combined_rows,
+  barrier_arrival,
+};
+
+inline constexpr const char* waited_for_text(waited_for w) {
+  switch (w) {
+    case waited_for::notify_counts:
+      return "notify counts";
+    case waited_for::token_rows:
+      return "token rows";
+    case waited_for::agreement_to_reject:
+      return "agreement to reject the call";
+    case waited_for::combine_readiness:
+      return "combine readiness";
+    case waited_for::combined_rows:
+      return "combined rows";
+    case waited_for::barrier_arrival:
+      return "barrier arrival";
+  }
+  return "?";
+}
+
+// Notify-header fields that every rank must agree on.
+enum class header_field : std::int32_t { hidden = 0, topk, token_id, num_experts };
+
+inline constexpr const char* header_field_text(header_field f) {
+  switch (f) {
+    case header_field::hidden:
+      return "hidden";
+    case header_field::topk:
+      return "topk";
+    case header_field::token_id:
+      return "token type id";
+    case header_field::num_experts:
+      return "num_experts";
+  }
+  return "?";
+}
+
+struct report {
+  failure code;
+  std::int32_t peer;   // rank the failure is attributed to, or no_peer
+  waited_for what;     // deadline only
+  header_field field;  // disagreement only
+  std::int64_t expected;
+  std::int64_t seen;
+  std::int32_t num_recv_tokens;   // rows this rank receives in the dispatch (set by notify)
+  std::int32_t broken;            // sticky: set with the first breaking failure, never cleared
+  std::int32_t reporter;          // peer_aborted only: the rank that relayed it
+  char cause[wire::cause_bytes];  // NUL-terminated; invalid_input / peer_invalid_input
+};
+
+static_assert(std::is_trivially_copyable_v<report> && std::is_standard_layout_v<report>);
+
+// A deadline (or a peer's abort, relayed) means peers may be anywhere in the
+// protocol: the buffer that saw it cannot be used again. Every other failure
+// is a verdict all ranks reached together after a completed round, so the
+// next call is safe.
+inline bool breaks_buffer(const report& r) {
+  return r.code == failure::deadline || r.code == failure::peer_aborted || r.code == failure::proxy;
+}
+
+// The epcomm::error the host engine throws for the same situation.
+inline error to_error(const report& r, int rank, const std::string& op) {
+  const auto n = [](std::int64_t v) { return std::to_string(v); };
+  const std::string cause(r.cause, ::strnlen(r.cause, sizeof r.cause));
+  switch (r.code) {
+    case failure::none:
+      break;
+    case failure::deadline:
+      return error(rank, op, r.peer,
+                   std::string("deadline expired waiting for ") + waited_for_text(r.what) +
+                       ": expected " + n(r.expected) + ", saw " + n(r.seen));
+    case failure::notify_mismatch:
+      return error(rank, op, r.peer,
+                   "protocol mismatch: notify epoch " + n(r.seen) + ", expected " + n(r.expected));
+    case failure::combine_mismatch:
+      return error(rank, op, r.peer,
+                   "protocol mismatch: combine epoch " + n(r.seen) + ", expected " + n(r.expected));
+    case failure::invalid_input:
+      return error(rank, op, no_peer, "invalid input: " + cause);
+    case failure::peer_invalid_input:
+      return error(rank, op, r.peer, "invalid input on that rank: " + cause);
+    case failure::disagreement:
+      return error(rank, op, r.peer,
+                   std::string(header_field_text(r.field)) + " " + n(r.seen) +
+                       " on that rank disagrees with " + n(r.expected) + " on rank 0");
+    case failure::over_capacity:
+      return error(rank, op, r.peer,
+                   "that rank would receive " + n(r.seen) +
+                       " tokens, more than its buffer holds (max_recv_tokens " + n(r.expected) +
+                       ")");
+    case failure::over_bound:
+      return error(rank, op, r.peer,
+                   "that rank would receive " + n(r.seen) +
+                       " tokens, more than its worst_case_recv_tokens " + n(r.expected));
+    case failure::weights_mismatch:
+      return error(rank, op, r.peer,
+                   "topk_weights given on some ranks only (every rank passes them or none)");
+    case failure::peer_aborted: {
+      const auto b = proxy::peer_aborted(r.reporter, r.peer, rank, waited_for_text(r.what));
+      return error(rank, op, b.peer, b.cause);
+    }
+    case failure::proxy:
+      return error(rank, op, no_peer,
+                   proxy::channel_failure(static_cast<proxy::channel_status>(r.seen)));
+  }
+  return error(
+      rank, op, r.peer,
+      "internal: the device reported failure code " + n(static_cast<std::int32_t>(r.code)));
+}
+
+}  // namespace epcomm::cuda

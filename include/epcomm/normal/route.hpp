@@ -1,0 +1,142 @@
+// How the normal-mode kernels reach other ranks over an RMA transport
+// (libfabric, UCX), where they cannot store into peers: they write what
+// leaves the rank into the staging regions of its own buffer
+// (wire::region_plan's send_*), laid out as the host engine's RMA path lays
+// them out, and one thread of the phase's last block hands the puts to the
+// proxy through a proxy::channel, the ones the host engine issues
+// (normal/buffer.hpp): a notify slot and a combine status per peer with its signal,
+// per destination one put per array of its rows (x, scales, top-k ids,
+// weights) and the source indices with the data signal, per source its
+// returned rows (and weights) with the combine signal. Rows for the rank
+// itself are stored in place; its signals go through the proxy too, because
+// its counters are the transport's, in host memory.
+//
+// The pushes take any channel-like pusher. A kernel passes a
+// proxy::channel_writer (channel::writer()), one per run of pushes, which
+// reads the ring's shared words over PCIe only when it must; the host tests
+// replay the same templates against simulated rank buffers (tests/normal/test_cuda_normal_route.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "epcomm/core/config.hpp"
+#include "epcomm/normal/count_matrix.hpp"
+#include "epcomm/proxy/channel.hpp"
+#include "epcomm/proxy/push_or_return.hpp"
+#include "epcomm/normal/wire.hpp"
+
+namespace epcomm::cuda {
+
+struct normal_route {
+  int via_proxy;         // 0: peer-mapped stores; channels unused
+  proxy::channel data;   // one producer: the kernels of a call are stream-ordered
+  proxy::channel abort;  // the abort relay's (abort_link.hpp)
+};
+
+static_assert(std::is_trivially_copyable_v<normal_route>);
+
+// Each push function pushes its descriptors in order and stops at the first
+// status other than ok, which it returns.
+namespace normal_push {
+
+// The sizes of one call's rows, as the wire lays them out: packed with the
+// call's hidden and top-k, not the buffer's maxima.
+struct row_shape {
+  std::size_t x;       // hidden * token bytes
+  std::size_t scales;  // hidden / 128 floats (fp8), else 0
+  std::size_t topk;    // K
+  std::size_t out;     // hidden * combine element bytes
+};
+
+// The notify round: this rank's staged slot for each peer (send_notify, one
+// slot per destination) into its slot there, with the notify signal.
+template <class Channel>
+EPCOMM_HD proxy::channel_status notify(Channel&& ch, const wire::region_plan& pl, int world,
+                                       int rank, std::size_t bytes) {
+  for (int p = 0; p < world; ++p)
+    EPCOMM_PUSH_OR_RETURN(ch.put_signal(
+        p, pl.send_notify + p * pl.notify_slot_bytes, pl.notify + rank * pl.notify_slot_bytes,
+        bytes, wire::signal_slot(wire::signal_kind::notify, rank, world), 1));
+  return proxy::channel_status::ok;
+}
+
+// The readiness round: the one staged combine status into every peer's slot.
+template <class Channel>
+EPCOMM_HD proxy::channel_status combine_status(Channel&& ch, const wire::region_plan& pl, int world,
+                                               int rank, std::size_t bytes) {
+  for (int p = 0; p < world; ++p)
+    EPCOMM_PUSH_OR_RETURN(ch.put_signal(
+        p, pl.send_combine_status, pl.combine_status + rank * pl.combine_status_slot_bytes, bytes,
+        wire::signal_slot(wire::signal_kind::combine_ready, rank, world), 1));
+  return proxy::channel_status::ok;
+}
+
+// Dispatch rows: per destination with rows (not this rank: stored there
+// directly), one put per array from the staged rows to their final rows,
+// the source indices last with the data signal; a bare signal where there
+// are none, or for every rank when the call was rejected (the agreement to
+// reject). counts: the count matrix of the notify round.
+template <class Channel>
+EPCOMM_HD proxy::channel_status rows(Channel&& ch, const wire::region_plan& pl, int world, int rank,
+                                     const int* counts, const row_shape& rs, bool accepted) {
+  const std::size_t data = wire::signal_slot(wire::signal_kind::data, rank, world);
+  for (int r = 0; r < world; ++r) {
+    const std::size_t n = accepted ? static_cast<std::size_t>(counts[rank * world + r]) : 0;
+    if (n == 0 || r == rank) {
+      EPCOMM_PUSH_OR_RETURN(ch.signal(r, data, 1));
+      continue;
+    }
+    const std::size_t from = static_cast<std::size_t>(return_offset(counts, world, rank, r));
+    const std::size_t to = static_cast<std::size_t>(recv_offset(counts, world, rank, r));
+    const std::size_t idx = rs.topk * sizeof(std::int64_t);
+    const std::size_t w = rs.topk * sizeof(float);
+    EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_x + from * rs.x, pl.recv_x + to * rs.x, n * rs.x));
+    if (rs.scales != 0)
+      EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_scales + from * rs.scales,
+                                   pl.recv_scales + to * rs.scales, n * rs.scales));
+    EPCOMM_PUSH_OR_RETURN(
+        ch.put(r, pl.send_topk_idx + from * idx, pl.recv_topk_idx + to * idx, n * idx));
+    EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_weights + from * w, pl.recv_weights + to * w, n * w));
+    EPCOMM_PUSH_OR_RETURN(ch.put_signal(r, pl.send_src_idx + from * sizeof(std::int32_t),
+                                        pl.recv_src_idx + to * sizeof(std::int32_t),
+                                        n * sizeof(std::int32_t), data, 1));
+  }
+  return proxy::channel_status::ok;
+}
+
+// Combine rows: the rows source s sent here, staged in receive order
+// (send_combine_x from recv_offset(s, rank)), back into s's combine region at
+// return_offset(s, rank), then their weights when given, the last put with
+// the combine signal; a bare signal where there are none, for this rank
+// (stored in place) and for everyone when the call was rejected.
+template <class Channel>
+EPCOMM_HD proxy::channel_status combine_rows(Channel&& ch, const wire::region_plan& pl, int world,
+                                             int rank, const int* counts, const row_shape& rs,
+                                             bool weights, bool accepted) {
+  const std::size_t done = wire::signal_slot(wire::signal_kind::combine_data, rank, world);
+  for (int s = 0; s < world; ++s) {
+    const std::size_t n = accepted ? static_cast<std::size_t>(counts[s * world + rank]) : 0;
+    if (n == 0 || s == rank) {
+      EPCOMM_PUSH_OR_RETURN(ch.signal(s, done, 1));
+      continue;
+    }
+    const std::size_t from = static_cast<std::size_t>(recv_offset(counts, world, s, rank));
+    const std::size_t to = static_cast<std::size_t>(return_offset(counts, world, s, rank));
+    const std::size_t w = rs.topk * sizeof(float);
+    if (weights) {
+      EPCOMM_PUSH_OR_RETURN(
+          ch.put(s, pl.send_combine_x + from * rs.out, pl.combine_x + to * rs.out, n * rs.out));
+      EPCOMM_PUSH_OR_RETURN(ch.put_signal(s, pl.send_combine_weights + from * w,
+                                          pl.combine_weights + to * w, n * w, done, 1));
+    } else {
+      EPCOMM_PUSH_OR_RETURN(ch.put_signal(s, pl.send_combine_x + from * rs.out,
+                                          pl.combine_x + to * rs.out, n * rs.out, done, 1));
+    }
+  }
+  return proxy::channel_status::ok;
+}
+
+}  // namespace normal_push
+}  // namespace epcomm::cuda

@@ -1,0 +1,195 @@
+// What the RMA transports (libfabric, UCX) share above their providers: the
+// rank's identity and sizes, the mutex that serializes their calls, the
+// numbered operations, the first failure, this rank's abort, the checks every
+// call makes (worded alike), and the bounded wait on a signal counter. Each
+// transport derives from it and keeps what is its own: the data path, the
+// counters, how a peer's abort or loss shows, and teardown.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/transport/rma/completion_window.hpp"
+#include "epcomm/core/failure_latch.hpp"
+
+namespace epcomm::proxy {
+
+class rma_transport_base {
+ public:
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  std::size_t size() const { return bytes_; }
+  // "<transport>/<provider or TLS>", for test and error messages.
+  const std::string& name() const { return name_; }
+
+  // Operations [0, completed()) are all complete.
+  std::uint64_t completed() const {
+    std::lock_guard lock(mu_);
+    return tickets_.watermark();
+  }
+
+  bool aborted() const { return abort_word_.load(std::memory_order_acquire) != 0; }
+
+ protected:
+  rma_transport_base(int rank, int world, std::size_t bytes, std::size_t user_slots,
+                     std::chrono::milliseconds timeout, std::string name)
+      : rank_(rank),
+        world_(world),
+        bytes_(bytes),
+        user_slots_(user_slots),
+        timeout_(timeout),
+        name_(std::move(name)) {}
+
+  // abort()'s culprit, or no_peer when it names no rank of the group.
+  int valid_culprit(int culprit) const {
+    return culprit < no_peer || culprit >= world_ ? no_peer : culprit;
+  }
+
+  // Records `word` (non-zero) as what this rank's abort sends; false when an
+  // earlier abort() did already: only the first call counts.
+  bool claim_abort(std::uint64_t word) {
+    std::uint64_t none = 0;
+    return abort_word_.compare_exchange_strong(none, word, std::memory_order_acq_rel);
+  }
+  // The word claim_abort() recorded; 0 before any abort().
+  std::uint64_t abort_word() const { return abort_word_.load(std::memory_order_acquire); }
+
+  // Teardown waits long for a healthy group and briefly after a failure or
+  // an abort, when a lost peer will never answer.
+  deadline teardown_deadline() const {
+    const auto budget = failure_.failed() || aborted() ? std::chrono::milliseconds(1'000)
+                                                       : std::chrono::milliseconds(5'000);
+    return deadline::after(std::min(timeout_, budget));
+  }
+
+  // Runs f, which may fail with an error that fail() has latched already:
+  // the caller carries on (with the other peers, with teardown, with
+  // serving) and later calls report the failure.
+  template <class F>
+  static void suppress_latched(F&& f) {
+    try {
+      f();
+    } catch (const error&) {
+      // Latched; what the caller does next does not depend on it.
+    }
+  }
+
+  // Progresses, swallowing latched errors, until done() or dl.
+  template <class Done, class Progress>
+  static void drain(Done&& done, const deadline& dl, Progress&& progress_locked) {
+    while (!done() && !dl.expired()) suppress_latched(progress_locked);
+  }
+
+  [[noreturn]] void fail(const char* op, int peer, const std::string& cause) {
+    const error e(rank_, op, peer, cause + " (" + name_ + ")");
+    failure_.latch(e);  // later calls report the first failure; this one reports its own
+    throw e;
+  }
+
+  // After abort() every call fails, saying so; after a failure, with its error.
+  void check_usable(const char* op) const {
+    if (aborted()) throw error(rank_, op, no_peer, "the transport was aborted (" + name_ + ")");
+    failure_.rethrow();
+  }
+
+  void check_own_abort(const wait_site& site) const {
+    if (aborted())
+      throw error(rank_, site.op, no_peer,
+                  std::string("aborted while waiting for ") + site.what + " (" + name_ + ")");
+  }
+
+  void check_peer(const char* op, int peer) {
+    check_usable(op);
+    if (peer < 0 || peer >= world_)
+      fail(op, no_peer,
+           "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(world_) + ")");
+  }
+  void check_op(const char* op, int peer, std::size_t local_off, std::size_t remote_off,
+                std::size_t bytes) {
+    check_peer(op, peer);
+    if (bytes > bytes_ || local_off > bytes_ - bytes || remote_off > bytes_ - bytes)
+      fail(op, peer,
+           std::to_string(bytes) + " bytes from offset " + std::to_string(local_off) + " to " +
+               std::to_string(remote_off) + " overrun the " + std::to_string(bytes_) +
+               "-byte buffer");
+  }
+  void check_slot(const char* op, int peer, std::size_t slot) {
+    if (slot >= user_slots_)
+      fail(op, peer,
+           "signal slot " + std::to_string(slot) + " is outside [0, " +
+               std::to_string(user_slots_) + ")");
+  }
+
+  // Waits until count() >= expected for counter `slot` (of `slots`), with the
+  // deadline dl. Progresses the transport itself whenever mu_ is free, so
+  // that waiting works with or without a proxy thread. The transport says
+  // when the count can never arrive:
+  //   on_progress_error(), mu_ held: progress failed; throws a more telling
+  //     error than that failure when it has one (a peer's abort naming the
+  //     root cause, the awaited peer's exit);
+  //   watch(), about once a millisecond: throws once a peer aborted or the
+  //     awaited one is gone.
+  template <class Count, class Progress, class OnProgressError, class Watch>
+  void wait_signal(std::size_t slot, std::size_t slots, std::uint64_t expected, const deadline& dl,
+                   const wait_site& site, Count&& count, Progress&& progress_locked,
+                   OnProgressError&& on_progress_error, Watch&& watch) {
+    if (slot >= slots)
+      throw error(rank_, site.op, site.peer,
+                  "wait on signal slot " + std::to_string(slot) + " of " + std::to_string(slots));
+    check_own_abort(site);
+    auto ready = [&] {
+      if (count() >= expected) return true;
+      if (std::unique_lock lock(mu_, std::try_to_lock); lock.owns_lock()) {
+        try {
+          failure_.rethrow();
+          progress_locked();
+        } catch (const error&) {
+          on_progress_error();
+          throw;
+        }
+      }
+      return count() >= expected;
+    };
+    auto alive = [&] {
+      check_own_abort(site);
+      watch();
+      failure_.rethrow();
+    };
+    if (!detail::spin_wait(ready, dl, alive))
+      throw error(rank_, site.op, site.peer,
+                  std::string("deadline expired waiting for ") + site.what + ": expected " +
+                      std::to_string(expected) + ", saw " + std::to_string(count()) + " (" + name_ +
+                      ")");
+    // A provider may raise the counter inside its own progress (UCX's
+    // emulated atomics: a plain atomic add after copying the data in, no
+    // release the C++ model or ThreadSanitizer knows of). Progress runs under
+    // mu_, so taking it orders what that progress wrote before this rank
+    // reads it.
+    const std::lock_guard after_progress(mu_);
+  }
+
+  const int rank_;
+  const int world_;
+  const std::size_t bytes_;
+  const std::size_t user_slots_;
+  const std::chrono::milliseconds timeout_;  // bound on the transport's own waits
+  std::string name_;                         // completed by the transport once it knows more
+
+  mutable std::mutex mu_;  // serializes every call that touches the provider
+  failure_latch failure_;
+  completion_window tickets_;  // numbered operations
+
+ private:
+  std::atomic<std::uint64_t> abort_word_{0};
+};
+
+}  // namespace epcomm::proxy
