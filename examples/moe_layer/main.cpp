@@ -16,10 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "epcomm/bootstrap/local.hpp"
-#include "epcomm/normal/buffer.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
-#include "epcomm/low_latency/buffer.hpp"
+#include "epcomm/epcomm.hpp"
 #include "epcomm/shm/transport.hpp"
 
 namespace {

@@ -1,8 +1,7 @@
 // Consumer smoke test: compiled against epcomm as a downstream project would
 // (add_subdirectory, FetchContent or find_package), it runs one dispatch and
 // combine on 2 local ranks. Exit status 0 = pass.
-#include <epcomm/bootstrap/local.hpp>
-#include <epcomm/normal/buffer.hpp>
+#include <epcomm/epcomm.hpp>
 #include <epcomm/shm/transport.hpp>
 
 #include <cstdio>

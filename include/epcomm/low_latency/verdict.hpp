@@ -12,9 +12,9 @@
 #include <cstdint>
 
 #include "epcomm/core/config.hpp"
+#include "epcomm/core/wire_basics.hpp"
 #include "epcomm/low_latency/report.hpp"
 #include "epcomm/low_latency/wire.hpp"
-#include "epcomm/normal/wire.hpp"
 
 namespace epcomm::cuda {
 

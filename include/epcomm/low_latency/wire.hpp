@@ -40,7 +40,7 @@
 #include <cstdint>
 
 #include "epcomm/core/config.hpp"
-#include "epcomm/normal/wire.hpp"
+#include "epcomm/core/wire_basics.hpp"
 
 namespace epcomm::wire::ll {
 

@@ -7,16 +7,11 @@
 #include <cstdint>
 
 #include "epcomm/core/config.hpp"
+#include "epcomm/core/wire_basics.hpp"
 
 namespace epcomm::wire {
 
 inline constexpr std::uint32_t magic = 0x31435045;  // "EPC1"
-inline constexpr std::size_t alignment = 256;       // every array starts on this boundary
-inline constexpr int cause_bytes = 120;             // room for a human-readable input error
-
-EPCOMM_HD constexpr std::size_t align_up(std::size_t n, std::size_t a = alignment) {
-  return (n + a - 1) / a * a;
-}
 
 // Signals are 64-bit counters, one per (kind, source rank); a source adds 1
 // per operation, so a receiver waits for "counter >= epoch". Counting, never

@@ -11,12 +11,13 @@
 #include <type_traits>
 
 #include "epcomm/core/config.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/core/wire_basics.hpp"
+#include "epcomm/cuda/abort_link.hpp"
 #include "epcomm/low_latency/report.hpp"
 #include "epcomm/low_latency/route.hpp"
-#include "epcomm/transport/peer_table.hpp"
 #include "epcomm/low_latency/wire.hpp"
-#include "epcomm/core/token_types.hpp"
-#include "epcomm/normal/wire.hpp"
+#include "epcomm/transport/peer_table.hpp"
 
 namespace epcomm::cuda {
 
@@ -70,7 +71,16 @@ struct ll_args {
 
 static_assert(std::is_trivially_copyable_v<ll_args> && sizeof(ll_args) <= 4096);
 
-// Where this call's kernels relay an abort (low_latency/report.hpp).
+// Where a low-latency device buffer's abort words (cuda/abort_link.hpp) start,
+// and how many signal slots it asks its transport for.
+EPCOMM_HD constexpr std::size_t ll_abort_first_slot(const wire::ll::shape& s) {
+  return wire::ll::signal_slots(s);
+}
+EPCOMM_HD constexpr std::size_t ll_device_signal_slots(const wire::ll::shape& s) {
+  return with_abort_words(ll_abort_first_slot(s), s.world_size);
+}
+
+// Where this call's kernels relay an abort.
 EPCOMM_HD inline abort_link abort_link_of(const ll_args& a) {
   if (a.route.via_proxy != 0)
     return make_abort_link(a.peers, ll_abort_first_slot(a.shape), a.route.abort);

@@ -8,12 +8,10 @@
 // Host-only and free of CUDA headers: launchers are opaque function pointers.
 #pragma once
 
-#include <mutex>
 #include <span>
 #include <string>
-#include <vector>
 
-#include "epcomm/normal/cuda/registry.hpp"
+#include "epcomm/cuda/registry.hpp"
 #include "epcomm/low_latency/cuda/launch.hpp"
 
 namespace epcomm::cuda {
@@ -49,7 +47,7 @@ inline const ll_kernel_pair* select_ll_kernels(std::span<const ll_kernel_pair> e
   return nullptr;
 }
 
-class ll_kernel_registry {
+class ll_kernel_registry : public registry<ll_kernel_pair> {
  public:
   // The process-wide registries the instantiation macros fill during static
   // initialisation: one for dispatch kernels, one for combine kernels.
@@ -62,37 +60,22 @@ class ll_kernel_registry {
     return r;
   }
 
-  // A key registered twice (one template in two translation units) keeps the
-  // first: both launch identical code.
-  void add(const ll_kernel_pair& k) {
-    std::lock_guard lock(mutex_);
-    for (const ll_kernel_pair& e : entries_)
-      if (e.key == k.key) return;
-    entries_.push_back(k);
-  }
-
   bool find(int wire_id, int hidden, bool vector_aligned, ll_kernel_pair& out) const {
-    std::lock_guard lock(mutex_);
-    const ll_kernel_pair* e = select_ll_kernels(entries_, wire_id, hidden, vector_aligned);
-    if (e != nullptr) out = *e;
-    return e != nullptr;
+    return registry::find(
+        [&](std::span<const ll_kernel_pair> entries) {
+          return select_ll_kernels(entries, wire_id, hidden, vector_aligned);
+        },
+        out);
   }
 
   // The hidden sizes instantiated for wire_id, for error messages.
   std::string describe(int wire_id) const {
-    std::lock_guard lock(mutex_);
-    std::string s;
-    for (const ll_kernel_pair& e : entries_) {
-      if (e.key.wire_id != wire_id) continue;
-      if (!s.empty()) s += ", ";
-      s += "hidden " + (e.key.hidden ? std::to_string(e.key.hidden) : std::string("any"));
-    }
-    return s.empty() ? "none" : s;
+    return registry::describe(
+        [&](const ll_kernel_pair& e) { return e.key.wire_id == wire_id; },
+        [](const ll_kernel_pair& e) {
+          return "hidden " + (e.key.hidden ? std::to_string(e.key.hidden) : std::string("any"));
+        });
   }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<ll_kernel_pair> entries_;
 };
 
 }  // namespace epcomm::cuda

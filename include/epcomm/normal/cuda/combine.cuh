@@ -23,16 +23,16 @@
 #include <cstdint>
 #include <cstring>
 
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/cuda/warp_copy.cuh"
 #include "epcomm/normal/count_matrix.hpp"
-#include "epcomm/cuda/device_sync.cuh"
 #include "epcomm/normal/cuda/dispatch.cuh"
 #include "epcomm/normal/cuda/launch.hpp"
-#include "epcomm/normal/route.hpp"
 #include "epcomm/normal/cuda/notify.cuh"
-#include "epcomm/cuda/warp_copy.cuh"
-#include "epcomm/proxy/channel.hpp"
-#include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/cuda/sync.cuh"
+#include "epcomm/normal/route.hpp"
 #include "epcomm/normal/wire.hpp"
+#include "epcomm/proxy/channel.hpp"
 
 namespace epcomm::cuda::device {
 

@@ -24,15 +24,15 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "epcomm/normal/count_matrix.hpp"
-#include "epcomm/cuda/device_sync.cuh"
-#include "epcomm/normal/cuda/launch.hpp"
-#include "epcomm/normal/route.hpp"
-#include "epcomm/cuda/warp_copy.cuh"
 #include "epcomm/core/layout.hpp"
-#include "epcomm/proxy/channel.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/cuda/warp_copy.cuh"
+#include "epcomm/normal/count_matrix.hpp"
+#include "epcomm/normal/cuda/launch.hpp"
+#include "epcomm/normal/cuda/sync.cuh"
+#include "epcomm/normal/route.hpp"
 #include "epcomm/normal/wire.hpp"
+#include "epcomm/proxy/channel.hpp"
 
 namespace epcomm::cuda::device {
 

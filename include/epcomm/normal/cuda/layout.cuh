@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
-#include "epcomm/cuda/device_sync.cuh"
-#include "epcomm/normal/cuda/launch.hpp"
 #include "epcomm/core/layout.hpp"
+#include "epcomm/normal/cuda/launch.hpp"
+#include "epcomm/normal/cuda/sync.cuh"
 
 namespace epcomm::cuda::device {
 

@@ -3,24 +3,15 @@
 // loops (ranks, hidden; 0 = taken from the call at run time). Each
 // instantiation registers its launchers here (EPCOMM_CUDA_INSTANTIATE_NORMAL
 // in instantiate.cuh), and a call picks the most specialised one that fits.
-//
-// Host-only and free of CUDA headers: the launchers are opaque function
-// pointers, and the stream type is CUDA's own cudaStream_t spelled without
-// its header.
 #pragma once
 
-#include <mutex>
 #include <span>
 #include <string>
-#include <vector>
 
+#include "epcomm/cuda/registry.hpp"
 #include "epcomm/normal/cuda/launch.hpp"
 
-struct CUstream_st;
-
 namespace epcomm::cuda {
-
-using stream_t = CUstream_st*;  // == cudaStream_t
 
 // Launchers enqueue their kernels on the stream and return the first launch
 // error as a cudaError_t value (0 = success).
@@ -58,7 +49,7 @@ inline const normal_kernels* select_kernels(std::span<const normal_kernels> entr
   return nullptr;
 }
 
-class kernel_registry {
+class kernel_registry : public registry<normal_kernels> {
  public:
   // The process-wide registry that instantiation macros fill during static
   // initialisation.
@@ -67,39 +58,23 @@ class kernel_registry {
     return r;
   }
 
-  // Adds an instantiation; a key registered twice (the same template in two
-  // translation units) keeps the first, as both launch identical code.
-  void add(const normal_kernels& k) {
-    std::lock_guard lock(mutex_);
-    for (const normal_kernels& e : entries_)
-      if (e.key == k.key) return;
-    entries_.push_back(k);
-  }
-
-  // Copies the entry so the caller holds no reference into the registry.
   bool find(int token_id, int ranks, int hidden, bool vector_aligned, normal_kernels& out) const {
-    std::lock_guard lock(mutex_);
-    const normal_kernels* e = select_kernels(entries_, token_id, ranks, hidden, vector_aligned);
-    if (e != nullptr) out = *e;
-    return e != nullptr;
+    return registry::find(
+        [&](std::span<const normal_kernels> entries) {
+          return select_kernels(entries, token_id, ranks, hidden, vector_aligned);
+        },
+        out);
   }
 
   // "(ranks, hidden)" pairs instantiated for token_id, for error messages.
   std::string describe(int token_id) const {
-    std::lock_guard lock(mutex_);
-    std::string s;
-    for (const normal_kernels& e : entries_) {
-      if (e.key.token_id != token_id) continue;
-      if (!s.empty()) s += ", ";
-      s += "(ranks " + (e.key.ranks ? std::to_string(e.key.ranks) : std::string("any")) +
-           ", hidden " + (e.key.hidden ? std::to_string(e.key.hidden) : std::string("any")) + ")";
-    }
-    return s.empty() ? "none" : s;
+    const auto any = [](int v) { return v != 0 ? std::to_string(v) : std::string("any"); };
+    return registry::describe([&](const normal_kernels& e) { return e.key.token_id == token_id; },
+                              [&](const normal_kernels& e) {
+                                return "(ranks " + any(e.key.ranks) + ", hidden " +
+                                       any(e.key.hidden) + ")";
+                              });
   }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<normal_kernels> entries_;
 };
 
 }  // namespace epcomm::cuda
