@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "epcomm/core/config.hpp"
+#include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/topology.hpp"
 
 namespace epcomm {
@@ -34,8 +35,8 @@ inline std::optional<std::string> find_invalid_expert(std::span<const std::int64
   for (std::size_t i = 0; i < topk_idx.size(); ++i) {
     const std::int64_t e = topk_idx[i];
     if (e < -1 || e >= num_experts)
-      return "topk_idx[" + std::to_string(i / topk) + "][" + std::to_string(i % topk) +
-             "] = " + std::to_string(e) + " is outside [-1, " + std::to_string(num_experts) + ")";
+      return input_error_text(describe_invalid_expert, static_cast<long long>(i), topk, e,
+                              num_experts);
   }
   return std::nullopt;
 }

@@ -43,20 +43,21 @@
 #include <vector>
 
 #include "epcomm/bootstrap/subgroup.hpp"
-#include "epcomm/host/call_guard.hpp"
-#include "epcomm/normal/capacity_agreement.hpp"
 #include "epcomm/core/combine_reduce.hpp"
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/error.hpp"
-#include "epcomm/host/fault_injection.hpp"
-#include "epcomm/hierarchical/link.hpp"
-#include "epcomm/hierarchical/wire.hpp"
+#include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/layout.hpp"
-#include "epcomm/normal/arguments.hpp"
-#include "epcomm/normal/verdict.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/core/topology.hpp"
+#include "epcomm/hierarchical/link.hpp"
+#include "epcomm/hierarchical/wire.hpp"
+#include "epcomm/host/call_guard.hpp"
+#include "epcomm/host/fault_injection.hpp"
+#include "epcomm/normal/arguments.hpp"
+#include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
+#include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
 
@@ -69,7 +70,7 @@ struct hierarchical_traffic {
 
 template <class Intra, class Inter, token_type Token>
 requires peer_mapped_transport<Intra> &&
-    (peer_mapped_transport<Inter> || proxy::completion_counting<Inter>)class hierarchical_buffer {
+    (peer_mapped_transport<Inter> || has_completion_count<Inter>)class hierarchical_buffer {
   static constexpr bool inter_mapped = peer_mapped_transport<Inter>;
   using node_signal = wire::hier::node_signal;
   using rail_signal = wire::hier::rail_signal;
@@ -654,8 +655,8 @@ requires peer_mapped_transport<Intra> &&
     const std::size_t t = h.num_tokens;
     const std::size_t k = h.topk;
     if (in.y.size() % hidden != 0 || in.y.size() < h.num_recv_tokens * hidden)
-      return "y holds " + n(in.y.size()) +
-             " elements, expected N*H with N >= " + n(h.num_recv_tokens) + " rows of " + n(hidden);
+      return input_error_text(describe_short_y, static_cast<long long>(in.y.size()),
+                              static_cast<long long>(hidden), h.num_recv_tokens);
     const std::size_t rows = in.y.size() / hidden;
     if (in.topk_weights && in.topk_weights->size() != rows * k)
       return "topk_weights holds " + n(in.topk_weights->size()) + " values, expected " +

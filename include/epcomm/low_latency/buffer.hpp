@@ -58,25 +58,28 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
-#include "epcomm/host/call_guard.hpp"
 #include "epcomm/core/combine_reduce.hpp"
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/error.hpp"
-#include "epcomm/host/fault_injection.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/layout.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/host/call_guard.hpp"
+#include "epcomm/host/fault_injection.hpp"
 #include "epcomm/host/lost_ranks.hpp"
+#include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/low_latency/arguments.hpp"
+#include "epcomm/low_latency/receive_hook.hpp"
+#include "epcomm/low_latency/report.hpp"
 #include "epcomm/low_latency/rma.hpp"
 #include "epcomm/low_latency/validation.hpp"
 #include "epcomm/low_latency/wire.hpp"
 #include "epcomm/proxy/engine.hpp"
-#include "epcomm/low_latency/receive_hook.hpp"
-#include "epcomm/host/require_peer_mapped.hpp"
-#include "epcomm/core/token_types.hpp"
+#include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
 
@@ -85,7 +88,7 @@ template <class W>
 concept low_latency_wire = std::same_as<W, bf16> || std::same_as<W, fp8_e4m3>;
 
 template <transport Transport, low_latency_wire Wire = bf16>
-requires peer_mapped_transport<Transport> || proxy::completion_counting<Transport>
+requires peer_mapped_transport<Transport> || has_completion_count<Transport>
 class low_latency_buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
   static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
@@ -94,7 +97,7 @@ class low_latency_buffer {
   // Masking a lost rank needs every byte to a peer stored by this rank (no
   // proxy holding puts to it) and a transport that can tell a peer's exit
   // from slowness: only an exited process is certain never to write again.
-  static constexpr bool can_mask_lost_ranks = !via_proxy && tells_peer_exit<Transport>;
+  static constexpr bool can_mask_lost_ranks = !via_proxy && has_peer_exit<Transport>;
 
  public:
   using wire_type = Wire;
@@ -353,7 +356,7 @@ class low_latency_buffer {
   void ensure_usable(const char* op) const {
     check_not_broken(rank_, op, broken_);
     bool aborted = aborted_.load(std::memory_order_acquire);
-    if constexpr (requires { transport_.aborted(); }) aborted = aborted || transport_.aborted();
+    if constexpr (has_abort<Transport>) aborted = aborted || transport_.aborted();
     if (aborted) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
   }
 
@@ -374,8 +377,22 @@ class low_latency_buffer {
 
   bool expert_lost(std::int64_t e) const { return lost_[e / shape_.local_experts()]; }
 
-  [[noreturn]] void protocol_error(const char* op, int peer, const std::string& what) const {
-    throw error(rank_, op, peer, "protocol mismatch: " + what);
+  // A peer's wire bytes break the protocol: the record the kernels fill in the
+  // same situation, worded once for both (low_latency/report.hpp).
+  [[noreturn]] void protocol_error(const char* op, cuda::ll_failure code, int peer,
+                                   std::int64_t expected, std::int64_t seen,
+                                   std::int64_t record = 0, wire::ll::source names = {}) const {
+    cuda::ll_report r{};
+    r.code = code;
+    r.peer = peer;
+    r.op = std::string_view(op) == dispatch_op ? cuda::ll_op::dispatch : cuda::ll_op::combine;
+    r.expected = expected;
+    r.seen = seen;
+    r.index = static_cast<std::int32_t>(record);
+    r.src_rank = names.rank;
+    r.src_token = names.token;
+    r.src_slot = names.topk_slot;
+    throw cuda::to_error(r, rank_);
   }
 
   std::string validate(const ll_dispatch_input& in) {
@@ -396,9 +413,8 @@ class low_latency_buffer {
     std::ranges::fill(next_slot_, 0);
     for (const std::int64_t e : in.topk_idx)
       if (e >= 0 && ++next_slot_[e] > shape_.max_tokens_per_rank)
-        return "expert " + std::to_string(e) + " is named more than max_tokens_per_rank (" +
-               std::to_string(shape_.max_tokens_per_rank) +
-               ") times: a token that names an expert twice takes two of its slots";
+        return input_error_text(describe_expert_overflow, static_cast<long long>(e),
+                                shape_.max_tokens_per_rank);
     return {};
   }
 
@@ -531,9 +547,8 @@ class low_latency_buffer {
     const auto* rec = local<const wire::ll::reject_record>(p, plan_.rejects) +
                       static_cast<std::size_t>(kind) * world_ + sender;
     if (rec->epoch != epoch)
-      protocol_error(op, sender,
-                     "reject record of epoch " + std::to_string(rec->epoch) + ", expected " +
-                         std::to_string(epoch));
+      protocol_error(op, cuda::ll_failure::reject_epoch, sender, static_cast<std::int64_t>(epoch),
+                     static_cast<std::int64_t>(rec->epoch));
     return std::string(rec->cause, strnlen(rec->cause, sizeof rec->cause));
   }
 
@@ -569,11 +584,7 @@ class low_latency_buffer {
       // header out of range must never get that far.
       if (hdr.src.rank != s || hdr.src.token < 0 || hdr.src.token >= shape_.max_tokens_per_rank ||
           hdr.src.topk_slot < 0 || hdr.src.topk_slot >= shape_.max_topk)
-        protocol_error(dispatch_op, s,
-                       "record " + std::to_string(i) + " names rank " +
-                           std::to_string(hdr.src.rank) + ", token " +
-                           std::to_string(hdr.src.token) + ", top-k slot " +
-                           std::to_string(hdr.src.topk_slot));
+        protocol_error(dispatch_op, cuda::ll_failure::record_source, s, 0, 0, i, hdr.src);
       std::memcpy(x + i * h, rec + sizeof hdr, h * sizeof(Wire));
       if (ns != 0)
         std::memcpy(scales + i * ns, rec + wire::ll::scales_offset(shape_), ns * sizeof(float));
@@ -613,17 +624,14 @@ class low_latency_buffer {
         for (int le = 0; le < el; ++le) {
           const wire::ll::count_word w = counts[static_cast<std::size_t>(le) * world_ + s];
           if (w.epoch != epoch)
-            protocol_error(dispatch_op, s,
-                           "count word of epoch " + std::to_string(w.epoch) + ", expected " +
-                               std::to_string(epoch));
+            protocol_error(dispatch_op, cuda::ll_failure::count_epoch, s,
+                           static_cast<std::int64_t>(epoch), static_cast<std::int64_t>(w.epoch));
           if (w.status == wire::ll::state::rejected) {
             if (rejecting < 0) rejecting = s;
             continue;
           }
           if (w.count < 0 || w.count > max)
-            protocol_error(dispatch_op, s,
-                           std::to_string(w.count) + " records announced, at most " +
-                               std::to_string(max) + " fit");
+            protocol_error(dispatch_op, cuda::ll_failure::count_range, s, max, w.count);
           if (rejecting >= 0 || !st.dispatch_ok) continue;  // the call fails: only drain
           ranges[static_cast<std::size_t>(le) * world_ + s] = {recv_count[le], w.count};
           unpack(p, le, s, w.count, recv_count[le]);
@@ -726,15 +734,12 @@ class low_latency_buffer {
         if (!arrived) continue;  // lost: reduce skips its rows
         const wire::ll::count_word w = counts[r];
         if (w.epoch != epoch)
-          protocol_error(combine_op, r,
-                         "count word of epoch " + std::to_string(w.epoch) + ", expected " +
-                             std::to_string(epoch));
+          protocol_error(combine_op, cuda::ll_failure::count_epoch, r,
+                         static_cast<std::int64_t>(epoch), static_cast<std::int64_t>(w.epoch));
         if (w.status == wire::ll::state::rejected) {
           if (rejecting < 0) rejecting = r;
         } else if (st.combine_ok && w.count != rows_to_rank_[r]) {
-          protocol_error(combine_op, r,
-                         std::to_string(w.count) + " rows returned, " +
-                             std::to_string(rows_to_rank_[r]) + " dispatched there");
+          protocol_error(combine_op, cuda::ll_failure::rows_mismatch, r, rows_to_rank_[r], w.count);
         }
       }
     });

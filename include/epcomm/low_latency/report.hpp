@@ -14,12 +14,11 @@
 #include <type_traits>
 
 #include "epcomm/core/config.hpp"
-#include "epcomm/cuda/abort_link.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/core/wire_basics.hpp"
 #include "epcomm/low_latency/wire.hpp"
 #include "epcomm/proxy/channel.hpp"
 #include "epcomm/transport/peer_abort.hpp"
-#include "epcomm/normal/wire.hpp"
 
 namespace epcomm::cuda {
 
@@ -78,15 +77,6 @@ struct ll_report {
 };
 
 static_assert(std::is_trivially_copyable_v<ll_report> && std::is_standard_layout_v<ll_report>);
-
-// Where a low-latency device buffer's abort words (abort_link.hpp) start,
-// and how many signal slots it asks its transport for.
-EPCOMM_HD constexpr std::size_t ll_abort_first_slot(const wire::ll::shape& s) {
-  return wire::ll::signal_slots(s);
-}
-EPCOMM_HD constexpr std::size_t ll_device_signal_slots(const wire::ll::shape& s) {
-  return with_abort_words(ll_abort_first_slot(s), s.world_size);
-}
 
 // A rejection is a verdict every rank reached in one completed exchange: the
 // buffer serves the next call. A deadline or a protocol violation leaves

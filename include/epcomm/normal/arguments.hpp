@@ -11,6 +11,7 @@
 
 #include "epcomm/core/deadline.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/count_matrix.hpp"
 
 namespace epcomm {
 
@@ -62,17 +63,12 @@ struct dispatch_handle {
   std::vector<int> send_pos;      // [T][R]: row of token t among those sent to r, or -1
 
   int sent(int src, int dst) const { return count_matrix[src * world_size + dst]; }
-  // First row, in dst's receive order, of the tokens src sent to dst.
+  // The count matrix's prefix sums (normal/count_matrix.hpp), as the kernels take them.
   int recv_offset(int src, int dst) const {
-    int off = 0;
-    for (int s = 0; s < src; ++s) off += sent(s, dst);
-    return off;
+    return epcomm::recv_offset(count_matrix.data(), world_size, src, dst);
   }
-  // First row, in src's combine region, of the rows dst sends back.
   int return_offset(int src, int dst) const {
-    int off = 0;
-    for (int r = 0; r < dst; ++r) off += sent(src, r);
-    return off;
+    return epcomm::return_offset(count_matrix.data(), world_size, src, dst);
   }
 };
 

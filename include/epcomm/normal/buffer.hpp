@@ -39,32 +39,33 @@
 #include <utility>
 #include <vector>
 
-#include "epcomm/host/call_guard.hpp"
-#include "epcomm/normal/capacity_agreement.hpp"
 #include "epcomm/core/combine_reduce.hpp"
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/error.hpp"
-#include "epcomm/host/fault_injection.hpp"
+#include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/layout.hpp"
-#include "epcomm/host/lost_ranks.hpp"
-#include "epcomm/normal/arguments.hpp"
-#include "epcomm/normal/verdict.hpp"
-#include "epcomm/proxy/engine.hpp"
-#include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/core/topology.hpp"
+#include "epcomm/host/call_guard.hpp"
+#include "epcomm/host/fault_injection.hpp"
+#include "epcomm/host/lost_ranks.hpp"
+#include "epcomm/host/require_peer_mapped.hpp"
+#include "epcomm/normal/arguments.hpp"
+#include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
+#include "epcomm/proxy/engine.hpp"
+#include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
 
 template <transport Transport, token_type Token>
-requires peer_mapped_transport<Transport> || proxy::completion_counting<Transport>
+requires peer_mapped_transport<Transport> || has_completion_count<Transport>
 class buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
   static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
   // Masking needs every byte to a peer stored by this rank (no proxy holding
   // puts) and a transport that tells an exited peer from a slow one.
-  static constexpr bool can_mask_lost_ranks = !via_proxy && tells_peer_exit<Transport>;
+  static constexpr bool can_mask_lost_ranks = !via_proxy && has_peer_exit<Transport>;
 
  public:
   using token = Token;
@@ -277,7 +278,7 @@ class buffer {
 
   void ensure_usable(const char* op) const {
     check_not_broken(rank_, op, broken_);
-    if constexpr (requires { transport_.aborted(); })
+    if constexpr (has_abort<Transport>)
       if (transport_.aborted())
         throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
   }
@@ -471,13 +472,13 @@ class buffer {
     if constexpr (via_proxy) {
       // Staged by destination: rank r's rows start after those of ranks < r.
       std::byte* base = transport_.local_buffer().data();
-      for (int r = 0, first = 0; r < world_; first += lay.tokens_per_rank[r++])
+      for (int r = 0; r < world_; ++r)
         to[r] = {reinterpret_cast<Token*>(base + plan_.send_x),
                  reinterpret_cast<float*>(base + plan_.send_scales),
                  reinterpret_cast<std::int64_t*>(base + plan_.send_topk_idx),
                  reinterpret_cast<float*>(base + plan_.send_weights),
                  reinterpret_cast<std::int32_t*>(base + plan_.send_src_idx),
-                 first};
+                 h.return_offset(rank_, r)};
     } else {
       for (int r = 0; r < world_; ++r)
         to[r] = {peer_array<Token>(r, plan_.recv_x),
@@ -604,9 +605,8 @@ class buffer {
     const std::size_t t = h.num_tokens;
     const std::size_t k = h.topk;
     if (in.y.size() % hidden != 0 || in.y.size() < h.num_recv_tokens * hidden)
-      return "y holds " + std::to_string(in.y.size()) +
-             " elements, expected N*H with N >= " + std::to_string(h.num_recv_tokens) +
-             " rows of " + std::to_string(hidden);
+      return input_error_text(describe_short_y, static_cast<long long>(in.y.size()),
+                              static_cast<long long>(hidden), h.num_recv_tokens);
     const std::size_t rows = in.y.size() / hidden;
     if (in.topk_weights && in.topk_weights->size() != rows * k)
       return "topk_weights holds " + std::to_string(in.topk_weights->size()) +

@@ -13,9 +13,9 @@
 #include <type_traits>
 
 #include "epcomm/core/error.hpp"
+#include "epcomm/normal/wire.hpp"
 #include "epcomm/proxy/channel.hpp"
 #include "epcomm/transport/peer_abort.hpp"
-#include "epcomm/normal/wire.hpp"
 
 namespace epcomm::cuda {
 
@@ -26,7 +26,7 @@ enum class failure : std::int32_t {
   combine_mismatch,    // a combine header from another call: peer, expected/seen epoch
   invalid_input,       // this rank's input was rejected: cause
   peer_invalid_input,  // peer's input was rejected: peer, cause
-  disagreement,        // peer's `field` differs from rank 0's: seen there, expected on rank 0
+  disagreement,        // peer's `field` differs: seen there, expected on rank `reference`
   over_capacity,       // peer would receive `seen` rows, its buffer holds `expected`
   over_bound,          // peer would receive `seen` rows, its worst_case_recv_tokens is `expected`
   weights_mismatch,    // peer passes topk_weights to combine and rank 0 does not, or vice versa
@@ -90,6 +90,7 @@ struct report {
   std::int32_t num_recv_tokens;   // rows this rank receives in the dispatch (set by notify)
   std::int32_t broken;            // sticky: set with the first breaking failure, never cleared
   std::int32_t reporter;          // peer_aborted only: the rank that relayed it
+  std::int32_t reference;         // disagreement only: the rank compared with (the first member)
   char cause[wire::cause_bytes];  // NUL-terminated; invalid_input / peer_invalid_input
 };
 
@@ -127,7 +128,8 @@ inline error to_error(const report& r, int rank, const std::string& op) {
     case failure::disagreement:
       return error(rank, op, r.peer,
                    std::string(header_field_text(r.field)) + " " + n(r.seen) +
-                       " on that rank disagrees with " + n(r.expected) + " on rank 0");
+                       " on that rank disagrees with " + n(r.expected) + " on rank " +
+                       n(r.reference));
     case failure::over_capacity:
       return error(rank, op, r.peer,
                    "that rank would receive " + n(r.seen) +

@@ -1,19 +1,129 @@
 // What every rank of a normal-mode call concludes from the headers all ranks
-// posted (dispatch's notify round, combine's status round), shared by the
-// flat buffer and the hierarchical one. Every rank holds the same R headers,
-// so every rank reaches the same verdict: either all go on to move payload
-// or all throw the same error here.
+// posted (dispatch's notify round, combine's status round), written once for
+// the host engines (flat and hierarchical) and the CUDA kernels. Every rank
+// holds the same R headers, so every rank reaches the same verdict: either all
+// go on to move payload or all fail with the same error. A verdict is a
+// cuda::report (normal/report.hpp), which the kernels hand to the host and
+// the host engines turn into the epcomm::error they throw (to_error).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "epcomm/core/config.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/core/input_errors.hpp"
 #include "epcomm/normal/arguments.hpp"
+#include "epcomm/normal/count_matrix.hpp"
+#include "epcomm/normal/report.hpp"
 #include "epcomm/normal/wire.hpp"
 
 namespace epcomm {
+
+// The notify round of one call as the verdict reads it. Slots has
+// header(s) (rank s's wire::notify_header), count(s, r) (the tokens s sends
+// to r) and takes_part(s): false for a rank masked out of the call
+// (mask_lost_ranks), whose slot is not read and whose counts are zero.
+// Checks, in order: every member's epoch and status, then agreement with the
+// first member on the shape, then every member's receive count against the
+// buffer and its worst-case bound. Leaves r.code none when all pass.
+EPCOMM_HD_TEMPLATE
+template <class Slots>
+EPCOMM_HD void judge_notify_round(const Slots& slots, int world, int rank, std::uint64_t epoch,
+                                  int max_recv_tokens, cuda::report& r) {
+  using cuda::failure;
+  int first = -1;
+  for (int s = 0; s < world; ++s) {
+    if (!slots.takes_part(s)) continue;
+    if (first < 0) first = s;
+    const wire::notify_header& h = slots.header(s);
+    if (h.magic != wire::magic || h.epoch != epoch) {
+      r.code = failure::notify_mismatch;
+      r.peer = s;
+      r.expected = static_cast<std::int64_t>(epoch);
+      r.seen = static_cast<std::int64_t>(h.epoch);
+      return;
+    }
+    if (h.state != wire::status::ok) {
+      r.code = s == rank ? failure::invalid_input : failure::peer_invalid_input;
+      r.peer = s == rank ? no_peer : s;
+      cause_text(r.cause, wire::cause_bytes) << h.cause;
+      return;
+    }
+  }
+  if (first < 0) return;
+  const wire::notify_header& ref = slots.header(first);
+  for (int s = first + 1; s < world; ++s) {
+    if (!slots.takes_part(s)) continue;
+    const wire::notify_header& h = slots.header(s);
+    const std::int32_t there[] = {h.hidden, h.topk, h.token_id, h.num_experts};
+    const std::int32_t on_first[] = {ref.hidden, ref.topk, ref.token_id, ref.num_experts};
+    for (int f = 0; f < 4; ++f) {
+      if (there[f] != on_first[f]) {
+        r.code = failure::disagreement;
+        r.peer = s;
+        r.field = static_cast<cuda::header_field>(f);
+        r.seen = there[f];
+        r.expected = on_first[f];
+        r.reference = first;
+        return;
+      }
+    }
+  }
+  for (int dst = 0; dst < world; ++dst) {
+    if (!slots.takes_part(dst)) continue;  // nothing is sent to it
+    long long total = 0;
+    for (int s = 0; s < world; ++s) total += slots.count(s, dst);
+    const int bound = slots.header(dst).recv_bound;
+    if (total > max_recv_tokens || (bound > 0 && total > bound)) {
+      const bool capacity = total > max_recv_tokens;
+      r.code = capacity ? failure::over_capacity : failure::over_bound;
+      r.peer = dst;
+      r.seen = total;
+      r.expected = capacity ? max_recv_tokens : bound;
+      return;
+    }
+  }
+}
+
+// The combine status round: headers(s) is rank s's wire::combine_header.
+// Every member's epoch and status, then whether all pass weights alike.
+EPCOMM_HD_TEMPLATE
+template <class Slots>
+EPCOMM_HD void judge_combine_round(const Slots& slots, int world, int rank, std::uint64_t epoch,
+                                   cuda::report& r) {
+  using cuda::failure;
+  int first = -1;
+  for (int s = 0; s < world; ++s) {
+    if (!slots.takes_part(s)) continue;
+    if (first < 0) first = s;
+    const wire::combine_header& h = slots.header(s);
+    if (h.epoch != epoch) {
+      r.code = failure::combine_mismatch;
+      r.peer = s;
+      r.expected = static_cast<std::int64_t>(epoch);
+      r.seen = static_cast<std::int64_t>(h.epoch);
+      return;
+    }
+    if (h.state != wire::status::ok) {
+      r.code = s == rank ? failure::invalid_input : failure::peer_invalid_input;
+      r.peer = s == rank ? no_peer : s;
+      cause_text(r.cause, wire::cause_bytes) << h.cause;
+      return;
+    }
+  }
+  for (int s = first + 1; first >= 0 && s < world; ++s) {
+    if (slots.takes_part(s) && slots.header(s).with_weights != slots.header(first).with_weights) {
+      r.code = failure::weights_mismatch;
+      r.peer = s;
+      return;
+    }
+  }
+}
+
+// ---- The host engines: records gathered into vectors ----------------------
 
 // Whether rank s takes part in a call: every rank unless `members` (one flag
 // per rank, identical on every rank) leaves some out (mask_lost_ranks).
@@ -22,80 +132,35 @@ inline bool takes_part(const std::vector<bool>& members, int s) {
 }
 
 // A notify record is anything with a wire::notify_header `header` and
-// `tokens_per_rank` (R counts). Records of ranks outside `members` are not
-// read; their counts must be zero.
+// `tokens_per_rank` (R counts). Throws the verdict's error, if any.
 template <class Record>
 void judge_notify(int rank, std::uint64_t epoch, int max_recv_tokens,
                   const std::vector<Record>& all, const std::vector<bool>& members = {}) {
-  const int world = static_cast<int>(all.size());
-  int first = -1;
-  for (int s = 0; s < world; ++s) {
-    if (!takes_part(members, s)) continue;
-    if (first < 0) first = s;
-    const auto& h = all[s].header;
-    if (h.magic != wire::magic || h.epoch != epoch)
-      throw error(rank, "dispatch", s,
-                  "protocol mismatch: notify epoch " + std::to_string(h.epoch) + ", expected " +
-                      std::to_string(epoch));
-    if (h.state != wire::status::ok)
-      throw error(
-          rank, "dispatch", s == rank ? no_peer : s,
-          std::string(s == rank ? "invalid input: " : "invalid input on that rank: ") + h.cause);
-  }
-  const auto& ref = all[first].header;
-  for (int s = first + 1; s < world; ++s) {
-    if (!takes_part(members, s)) continue;
-    const auto& h = all[s].header;
-    auto differs = [&](const char* what, int there, int on_first) {
-      if (there != on_first)
-        throw error(rank, "dispatch", s,
-                    std::string(what) + " " + std::to_string(there) +
-                        " on that rank disagrees with " + std::to_string(on_first) + " on rank " +
-                        std::to_string(first));
-    };
-    differs("hidden", h.hidden, ref.hidden);
-    differs("topk", h.topk, ref.topk);
-    differs("token type id", h.token_id, ref.token_id);
-    differs("num_experts", h.num_experts, ref.num_experts);
-  }
-  for (int r = 0; r < world; ++r) {
-    if (!takes_part(members, r)) continue;  // nothing is sent to it
-    long long total = 0;
-    for (int s = 0; s < world; ++s) total += all[s].tokens_per_rank[r];
-    const int bound = all[r].header.recv_bound;
-    if (total > max_recv_tokens)
-      throw error(rank, "dispatch", r,
-                  "that rank would receive " + std::to_string(total) +
-                      " tokens, more than its buffer holds (max_recv_tokens " +
-                      std::to_string(max_recv_tokens) + ")");
-    if (bound > 0 && total > bound)
-      throw error(rank, "dispatch", r,
-                  "that rank would receive " + std::to_string(total) +
-                      " tokens, more than its worst_case_recv_tokens " + std::to_string(bound));
-  }
+  struct slots {
+    const std::vector<Record>& all;
+    const std::vector<bool>& members;
+    const wire::notify_header& header(int s) const { return all[s].header; }
+    long long count(int s, int r) const { return all[s].tokens_per_rank[r]; }
+    bool takes_part(int s) const { return epcomm::takes_part(members, s); }
+  };
+  cuda::report r{};
+  judge_notify_round(slots{all, members}, static_cast<int>(all.size()), rank, epoch,
+                     max_recv_tokens, r);
+  if (r.code != cuda::failure::none) throw cuda::to_error(r, rank, "dispatch");
 }
 
 inline void judge_combine_status(int rank, std::uint64_t epoch,
                                  const std::vector<wire::combine_header>& all,
                                  const std::vector<bool>& members = {}) {
-  const int world = static_cast<int>(all.size());
-  int first = -1;
-  for (int s = 0; s < world; ++s) {
-    if (!takes_part(members, s)) continue;
-    if (first < 0) first = s;
-    if (all[s].epoch != epoch)
-      throw error(rank, "combine", s,
-                  "protocol mismatch: combine epoch " + std::to_string(all[s].epoch) +
-                      ", expected " + std::to_string(epoch));
-    if (all[s].state != wire::status::ok)
-      throw error(rank, "combine", s == rank ? no_peer : s,
-                  std::string(s == rank ? "invalid input: " : "invalid input on that rank: ") +
-                      all[s].cause);
-  }
-  for (int s = first + 1; s < world; ++s)
-    if (takes_part(members, s) && all[s].with_weights != all[first].with_weights)
-      throw error(rank, "combine", s,
-                  "topk_weights given on some ranks only (every rank passes them or none)");
+  struct slots {
+    const std::vector<wire::combine_header>& all;
+    const std::vector<bool>& members;
+    const wire::combine_header& header(int s) const { return all[s]; }
+    bool takes_part(int s) const { return epcomm::takes_part(members, s); }
+  };
+  cuda::report r{};
+  judge_combine_round(slots{all, members}, static_cast<int>(all.size()), rank, epoch, r);
+  if (r.code != cuda::failure::none) throw cuda::to_error(r, rank, "combine");
 }
 
 // The handle of an accepted dispatch: the full count matrix from the records
@@ -119,4 +184,65 @@ dispatch_handle make_dispatch_handle(int rank, int num_tokens, int hidden, int t
   return h;
 }
 
+// ---- The kernels: the R slots of a region in this rank's buffer ------------
+
+namespace cuda {
+
+// Slot `source` of a notify region: the header, then int32 tokens_per_rank[R],
+// then int32 tokens_per_local_expert[E/R] for the region owner's experts.
+EPCOMM_HD inline const wire::notify_header* notify_header_at(const std::byte* region,
+                                                             std::size_t slot_bytes, int source) {
+  return reinterpret_cast<const wire::notify_header*>(region + slot_bytes * source);
+}
+EPCOMM_HD inline const std::int32_t* notify_counts_at(const std::byte* region,
+                                                      std::size_t slot_bytes, int source) {
+  return reinterpret_cast<const std::int32_t*>(region + slot_bytes * source +
+                                               sizeof(wire::notify_header));
+}
+
+// Slots spaced slot_bytes apart from `region`; every rank takes part.
+struct region_slots {
+  const std::byte* region;
+  std::size_t slot_bytes;
+  EPCOMM_HD const wire::notify_header& header(int s) const {
+    return *notify_header_at(region, slot_bytes, s);
+  }
+  EPCOMM_HD long long count(int s, int r) const {
+    return notify_counts_at(region, slot_bytes, s)[r];
+  }
+  EPCOMM_HD bool takes_part(int) const { return true; }
+};
+
+struct combine_region_slots {
+  const std::byte* region;
+  std::size_t slot_bytes;
+  EPCOMM_HD const wire::combine_header& header(int s) const {
+    return *reinterpret_cast<const wire::combine_header*>(region + slot_bytes * s);
+  }
+  EPCOMM_HD bool takes_part(int) const { return true; }
+};
+
+// Judges the R notify slots this rank received for dispatch call `epoch`.
+EPCOMM_HD inline void judge_notify(const std::byte* region, std::size_t slot_bytes, int world,
+                                   int rank, std::uint64_t epoch, int max_recv_tokens, report& r) {
+  judge_notify_round(region_slots{region, slot_bytes}, world, rank, epoch, max_recv_tokens, r);
+}
+
+// counts[s * R + r] = tokens rank s sends to rank r, from the R notify slots;
+// only meaningful once judge_notify accepted them.
+EPCOMM_HD inline void gather_count_matrix(const std::byte* region, std::size_t slot_bytes,
+                                          int world, std::int32_t* counts) {
+  for (int s = 0; s < world; ++s) {
+    const std::int32_t* c = notify_counts_at(region, slot_bytes, s);
+    for (int r = 0; r < world; ++r) counts[s * world + r] = c[r];
+  }
+}
+
+// Judges the R combine headers this rank received for combine call `epoch`.
+EPCOMM_HD inline void judge_combine(const std::byte* region, std::size_t slot_bytes, int world,
+                                    int rank, std::uint64_t epoch, report& r) {
+  judge_combine_round(combine_region_slots{region, slot_bytes}, world, rank, epoch, r);
+}
+
+}  // namespace cuda
 }  // namespace epcomm

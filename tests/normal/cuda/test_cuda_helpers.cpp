@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
+#include "epcomm/core/layout.hpp"
 #include "epcomm/normal/buffer.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
 #include "epcomm/normal/count_matrix.hpp"
 #include "epcomm/normal/cuda/checks.hpp"
-#include "epcomm/normal/cuda/registry.hpp"
 #include "epcomm/normal/cuda/launch.hpp"
+#include "epcomm/normal/cuda/registry.hpp"
 #include "epcomm/normal/report.hpp"
-#include "epcomm/normal/cuda/verdict.hpp"
-#include "epcomm/core/layout.hpp"
+#include "epcomm/normal/verdict.hpp"
 #include "epcomm/shm/transport.hpp"
 #include "support/workload.hpp"
 
@@ -81,19 +81,23 @@ struct notify_region {
 
 }  // namespace
 
-TEST_CASE("offsets from the count matrix match the dispatch handle's") {
+TEST_CASE("offsets from the count matrix: rows ordered by source, returns by destination") {
   for (int world : {1, 2, 3, 5}) {
-    dispatch_handle h;
-    h.world_size = world;
-    h.count_matrix.resize(world * world);
-    for (int i = 0; i < world * world; ++i)
-      h.count_matrix[i] = static_cast<int>(test::hash(world, i) % 50);
-    for (int s = 0; s < world; ++s) {
-      for (int r = 0; r < world; ++r) {
-        CHECK(recv_offset(h.count_matrix.data(), world, s, r) == h.recv_offset(s, r));
-        CHECK(return_offset(h.count_matrix.data(), world, s, r) == h.return_offset(s, r));
-      }
-      CHECK(total_received(h.count_matrix.data(), world, s) == h.recv_offset(world, s));
+    std::vector<int> m(static_cast<std::size_t>(world) * world);
+    for (int i = 0; i < world * world; ++i) m[i] = static_cast<int>(test::hash(world, i) % 50);
+    const auto at = [&](int s, int r) { return m[static_cast<std::size_t>(s) * world + r]; };
+    // Walk the receive and return orders row by row: each (src, dst) block
+    // starts where the blocks before it in that order end.
+    for (int dst = 0, seen = 0; dst < world; ++dst, seen = 0)
+      for (int src = 0; src < world; seen += at(src++, dst))
+        CHECK(recv_offset(m.data(), world, src, dst) == seen);
+    for (int src = 0, seen = 0; src < world; ++src, seen = 0)
+      for (int dst = 0; dst < world; seen += at(src, dst++))
+        CHECK(return_offset(m.data(), world, src, dst) == seen);
+    for (int dst = 0; dst < world; ++dst) {
+      long long all = 0;
+      for (int src = 0; src < world; ++src) all += at(src, dst);
+      CHECK(total_received(m.data(), world, dst) == all);
     }
   }
   // Counts near INT_MAX must not wrap before they meet the capacity check.
@@ -119,7 +123,7 @@ TEST_CASE("device-side causes read as the host engine's") {
   char out[wire::cause_bytes];
   describe_invalid_expert(out, sizeof out, 5, 2, 9, 8);  // the first bad entry: [2][1] = 9
   CHECK(std::string(out) == *host);
-  describe_short_y(out, sizeof out, 3, 128, 5);
+  describe_short_y(out, sizeof out, 3 * 128, 128, 5);
   CHECK(std::string(out) == "y holds 384 elements, expected N*H with N >= 5 rows of 128");
 }
 

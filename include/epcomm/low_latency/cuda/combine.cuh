@@ -23,18 +23,18 @@
 #include <cstdint>
 #include <cstring>
 
+#include "epcomm/core/input_errors.hpp"
+#include "epcomm/core/token_types.hpp"
 #include "epcomm/low_latency/cuda/arith.hpp"
 #include "epcomm/low_latency/cuda/copy.cuh"
 #include "epcomm/low_latency/cuda/dispatch.cuh"
 #include "epcomm/low_latency/cuda/launch.hpp"
-#include "epcomm/low_latency/route.hpp"
 #include "epcomm/low_latency/cuda/sync.cuh"
-#include "epcomm/low_latency/verdict.hpp"
-#include "epcomm/normal/cuda/verdict.hpp"
 #include "epcomm/low_latency/rma.hpp"
+#include "epcomm/low_latency/route.hpp"
+#include "epcomm/low_latency/verdict.hpp"
 #include "epcomm/low_latency/wire.hpp"
 #include "epcomm/proxy/channel.hpp"
-#include "epcomm/core/token_types.hpp"
 
 namespace epcomm::cuda::device {
 

@@ -19,12 +19,12 @@
 
 #include <cstdint>
 
-#include "epcomm/cuda/device_sync.cuh"
 #include "epcomm/normal/cuda/launch.hpp"
+#include "epcomm/normal/cuda/sync.cuh"
 #include "epcomm/normal/route.hpp"
-#include "epcomm/normal/cuda/verdict.hpp"
-#include "epcomm/proxy/channel.hpp"
+#include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
+#include "epcomm/proxy/channel.hpp"
 
 namespace epcomm::cuda::device {
 
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(notify_threads) combine_ready_kernel(combine_a
       cause_text(hdr.cause, wire::cause_bytes) << a.host_cause;
     } else if (a.y_rows < received) {
       hdr.state = wire::status::invalid_input;
-      describe_short_y(hdr.cause, wire::cause_bytes, a.y_rows, a.hidden, received);
+      describe_short_y(hdr.cause, wire::cause_bytes, a.y_rows * a.hidden, a.hidden, received);
     } else {
       hdr.state = wire::status::ok;
     }
