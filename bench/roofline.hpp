@@ -17,11 +17,11 @@
 #include <span>
 #include <vector>
 
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/deadline.hpp"
-#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/proxy/engine.hpp"
+#include "epcomm/transport/concepts.hpp"
 #include "traffic.hpp"
 
 namespace epcomm::bench {
@@ -54,7 +54,7 @@ class raw_link<Transport> {
 
 // Peer-mapped transports take the memcpy link even if they also offer RMA.
 template <class T>
-concept rma_only_transport = proxy::completion_counting<T> && !peer_mapped_transport<T>;
+concept rma_only_transport = has_completion_count<T> && !peer_mapped_transport<T>;
 
 template <rma_only_transport Transport>
 class raw_link<Transport> {

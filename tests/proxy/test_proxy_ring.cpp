@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "epcomm/proxy/channel.hpp"
-#include "epcomm/transport/rma/completion_window.hpp"
 #include "epcomm/proxy/engine.hpp"
 #include "epcomm/proxy/ring.hpp"
+#include "epcomm/transport/rma/completion_window.hpp"
 
 using namespace epcomm;
 using namespace std::chrono_literals;
@@ -123,7 +123,7 @@ class scripted_transport {
   bool fail_next_progress_ = false;
 };
 
-static_assert(proxy::completion_counting<scripted_transport>);
+static_assert(has_completion_count<scripted_transport>);
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "epcomm/core/deadline.hpp"
@@ -23,6 +24,14 @@ concept bootstrap = requires(B& b, const B& cb, std::span<const std::byte> mine,
   { cb.local_world_size() } -> std::same_as<int>;
   { b.all_gather(mine, dl) } -> std::same_as<std::vector<std::byte>>;
   { b.barrier(dl) } -> std::same_as<void>;
+};
+
+// job_tag(): a name every rank of one job shares and no other job on the host
+// uses (launch_local's, a subgroup's), so that what the job creates on the host
+// (shared-memory segments) cannot collide with another job's.
+template <class B>
+concept has_job_tag = requires(const B& b) {
+  { b.job_tag() } -> std::convertible_to<std::string_view>;
 };
 
 }  // namespace epcomm

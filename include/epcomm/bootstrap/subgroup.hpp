@@ -59,7 +59,7 @@ class subgroup_bootstrap {
       if (all[p].colour == colour) members_.push_back(p);
     rank_ = static_cast<int>(std::find(members_.begin(), members_.end(), parent.rank()) -
                              members_.begin());
-    if constexpr (requires { parent.job_tag(); })
+    if constexpr (has_job_tag<B>)
       job_tag_ = std::string(parent.job_tag()) + "-" + std::string(name) + std::to_string(colour);
     if (locality == subgroup_locality::one_node) {
       local_rank_ = rank_;
@@ -88,8 +88,7 @@ class subgroup_bootstrap {
   // The parent rank of each member, in group order.
   std::span<const int> members() const { return members_; }
 
-  const std::string& job_tag() const requires requires(const B& b) { b.job_tag(); }
-  { return job_tag_; }
+  const std::string& job_tag() const requires has_job_tag<B> { return job_tag_; }
 
   std::vector<std::byte> all_gather(std::span<const std::byte> mine, deadline dl) {
     const std::uint64_t size = mine.size();

@@ -3,7 +3,8 @@
 // so that their waits end now, naming the root cause, instead of at their own
 // deadlines, as the host transports' abort() does. Each rank's signal array
 // ends with one word per rank, after the counters its wire format uses: word
-// s is set, once, by rank s, to 1 + the rank it blamed: stored with a
+// s is set, once, by rank s, to the abort word naming the rank it blamed
+// (encode_abort, transport/peer_abort.hpp): stored with a
 // release add where peers are mapped, or, over an RMA transport (whose
 // counters live in host memory), added by the proxy through a channel kept
 // for this one use, so that its single producer is whoever sets the word.
@@ -15,8 +16,8 @@
 #include <cstdint>
 
 #include "epcomm/core/config.hpp"
-#include "epcomm/transport/peer_table.hpp"
 #include "epcomm/proxy/channel.hpp"
+#include "epcomm/transport/peer_table.hpp"
 
 namespace epcomm::cuda {
 

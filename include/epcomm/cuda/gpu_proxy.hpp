@@ -33,6 +33,7 @@
 #include "epcomm/core/deadline.hpp"
 #include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/engine.hpp"
+#include "epcomm/transport/concepts.hpp"
 
 namespace epcomm::cuda {
 
@@ -42,14 +43,6 @@ struct gpu_proxy_options {
   // Bound on each spin of a kernel's channel calls. EPCOMM_TIMEOUT_MS overrides it.
   std::chrono::milliseconds timeout = default_timeout;
   proxy::engine_options engine{};  // idle and drain behaviour (its ring fields are unused)
-};
-
-// A transport a kernel can drive through the proxy: the engine's contract,
-// plus the counters and the placement of the buffer.
-template <class T>
-concept gpu_fed_transport = proxy::completion_counting<T> && requires(const T& t) {
-  { t.signal_counters() } -> std::same_as<std::span<const std::uint64_t>>;
-  { t.local_buffer_on_device() } -> std::same_as<bool>;
 };
 
 template <gpu_fed_transport Transport>

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "epcomm/bootstrap/subgroup.hpp"
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/proxy/engine.hpp"
+#include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
 
@@ -46,7 +46,7 @@ namespace detail {
 enum class traffic_kind { payload, control };
 
 template <class T>
-requires peer_mapped_transport<T> || proxy::completion_counting<T>
+requires peer_mapped_transport<T> || has_completion_count<T>
 class group_link {
  public:
   static constexpr bool peer_mapped = peer_mapped_transport<T>;
@@ -135,7 +135,7 @@ class group_link {
   // Gives up on the group where the transport can (peers waiting in it fail
   // at once); `culprit` is a world rank or no_peer.
   void abort(int culprit) {
-    if constexpr (requires(T & t) { t.abort(no_peer); }) {
+    if constexpr (has_abort<T>) {
       const auto at = std::find(members_.begin(), members_.end(), culprit);
       transport_.abort(at == members_.end() ? no_peer : static_cast<int>(at - members_.begin()));
     }

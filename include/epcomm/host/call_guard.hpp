@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "epcomm/core/error.hpp"
+#include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
 
@@ -37,7 +38,7 @@ inline void check_not_broken(int rank, const char* op, const std::optional<std::
 // a transport without abort() leaves its peers to their deadlines.
 template <class Transport>
 void try_abort(Transport& transport, int culprit = no_peer) {
-  if constexpr (requires { transport.abort(culprit); }) transport.abort(culprit);
+  if constexpr (has_abort<Transport>) transport.abort(culprit);
 }
 
 }  // namespace epcomm

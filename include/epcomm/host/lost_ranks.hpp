@@ -11,16 +11,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/deadline.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
-
-template <class Transport>
-concept tells_peer_exit = requires(const Transport& t, int r) {
-  { t.peer_exited(r) } -> std::convertible_to<bool>;
-};
 
 // Waits until this rank's counter `slot` reaches `expected`, which site.peer
 // brings about. Returns false instead for a lost peer: one marked before, or
@@ -36,7 +31,7 @@ bool wait_or_mark_lost(Transport& transport, bool masking, std::vector<bool>& lo
     transport.wait(slot, expected, dl, site);
     return true;
   } catch (const error& e) {
-    if constexpr (tells_peer_exit<Transport>)
+    if constexpr (has_peer_exit<Transport>)
       if (masking && e.peer() == r && transport.peer_exited(r)) {
         lost[r] = true;
         return false;

@@ -32,11 +32,11 @@
 #include <thread>
 #include <vector>
 
-#include "epcomm/transport/concepts.hpp"
-#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/failure_latch.hpp"
+#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/proxy/ring.hpp"
+#include "epcomm/transport/concepts.hpp"
 
 namespace epcomm::proxy {
 
@@ -52,14 +52,7 @@ struct engine_options {
   std::chrono::milliseconds drain_timeout{5'000};
 };
 
-// What the engine needs of a transport beyond rma_transport: completed(), the
-// largest n such that its operations 1..n are all complete.
-template <class T>
-concept completion_counting = rma_transport<T> && requires(const T& t) {
-  { t.completed() } -> std::same_as<std::uint64_t>;
-};
-
-template <completion_counting T>
+template <has_completion_count T>
 class engine {
  public:
   // Allocates opt.channels rings in host memory, for host producers (push,
@@ -183,7 +176,7 @@ class engine {
   // meanwhile closed. So the transport keeps being served until the buffer
   // that owns this engine goes away.
   void serve_until_stopped() {
-    if constexpr (requires { transport_.serve(); }) {
+    if constexpr (has_serve<T>) {
       auto sleep = std::chrono::microseconds(1);
       while (!stop_.load(std::memory_order_acquire)) {
         transport_.serve();

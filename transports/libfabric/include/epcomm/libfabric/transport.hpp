@@ -35,7 +35,7 @@
 // operations and progresses.
 //
 // abort() gives up on the group. Each peer gets one 8-byte write of this
-// rank's abort word (culprit + 2) into its abort-word array, carrying remote
+// rank's abort word (transport/peer_abort.hpp) into its abort-word array, carrying remote
 // CQ data on the peer's abort slot for this rank: the count says the word has
 // landed, the word names the rank to blame. The writes are posted, never
 // awaited, so a peer that stopped draining cannot hold abort() up.
@@ -64,12 +64,12 @@
 #include <thread>
 #include <vector>
 
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/error.hpp"
-#include "epcomm/transport/rma/completion_window.hpp"
+#include "epcomm/transport/concepts.hpp"
 #include "epcomm/transport/peer_abort.hpp"
 #include "epcomm/transport/process_identity.hpp"
 #include "epcomm/transport/rma/base.hpp"
+#include "epcomm/transport/rma/completion_window.hpp"
 #include "epcomm/transport/rma/symmetric_memory.hpp"
 
 namespace epcomm::libfabric {
@@ -284,7 +284,7 @@ class transport : public proxy::rma_transport_base {
   // own decision). The writes are posted, not awaited. Safe from any thread
   // and after a failure; only the first call counts.
   void abort(int culprit = no_peer) {
-    const auto word = static_cast<std::uint64_t>(valid_culprit(culprit) + 2);
+    const std::uint64_t word = encode_abort(valid_culprit(culprit));
     if (!claim_abort(word)) return;
     std::lock_guard lock(mu_);
     std::atomic_ref<std::uint64_t>(abort_words()[rank_]).store(word, std::memory_order_release);
@@ -406,10 +406,7 @@ class transport : public proxy::rma_transport_base {
       if (p == rank_ || counter(abort_slot(p)) == 0) continue;
       const std::uint64_t word =
           std::atomic_ref<std::uint64_t>(abort_words()[p]).load(std::memory_order_acquire);
-      const int culprit = word >= 2 && word - 2 < static_cast<std::uint64_t>(world_)
-                              ? static_cast<int>(word - 2)
-                              : no_peer;
-      const auto b = proxy::peer_aborted(p, culprit, rank_, site.what);
+      const auto b = proxy::peer_aborted(p, decode_abort(word, world_), rank_, site.what);
       fail(site.op, b.peer, b.cause);
     }
   }
@@ -872,5 +869,9 @@ class transport : public proxy::rma_transport_base {
 };
 
 static_assert(rma_transport<transport>);
+static_assert(has_completion_count<transport>);
+static_assert(has_abort<transport>);
+static_assert(has_serve<transport>);
+static_assert(gpu_fed_transport<transport>);
 
 }  // namespace epcomm::libfabric

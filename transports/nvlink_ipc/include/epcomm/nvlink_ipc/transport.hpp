@@ -15,7 +15,7 @@
 //
 // The memory is device memory, so this transport does not model
 // peer_mapped_transport (the host engine stores through peer_ptr); it models
-// cuda::device_transport, whose users are kernels (epcomm/cuda/).
+// device_transport, whose users are kernels (epcomm/cuda/).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,13 +31,13 @@
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/core/cuda_check.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/wire_basics.hpp"
+#include "epcomm/nvlink_ipc/fabric_memory.hpp"
 #include "epcomm/transport/concepts.hpp"
 #include "epcomm/transport/peer_table.hpp"
-#include "epcomm/core/cuda_check.hpp"
-#include "epcomm/core/spin_wait.hpp"
-#include "epcomm/core/error.hpp"
-#include "epcomm/nvlink_ipc/fabric_memory.hpp"
-#include "epcomm/normal/wire.hpp"
 
 namespace epcomm::nvlink_ipc {
 
@@ -310,7 +310,7 @@ class transport {
   std::uint64_t barrier_epoch_ = 0;
 };
 
-static_assert(cuda::device_transport<transport>);
+static_assert(device_transport<transport>);
 // Device memory: the host engine must not be handed this transport.
 static_assert(!peer_mapped_transport<transport>);
 

@@ -24,9 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "epcomm/transport/concepts.hpp"
-#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/transport/peer_abort.hpp"
 
 namespace epcomm::shm {
 
@@ -47,7 +48,7 @@ class transport {
         peers_(world_, nullptr),
         pids_(world_, 0) {
     std::string tag;
-    if constexpr (requires { boot.job_tag(); })
+    if constexpr (has_job_tag<B>)
       tag = boot.job_tag();
     else
       tag = std::to_string(getpid()) + "x" + std::to_string(std::random_device{}());
@@ -119,8 +120,7 @@ class transport {
   void abort(int culprit = no_peer) {
     std::uint64_t expected = 0;
     counter(rank_, abort_slot())
-        .compare_exchange_strong(expected, static_cast<std::uint64_t>(culprit + 2),
-                                 std::memory_order_acq_rel);
+        .compare_exchange_strong(expected, encode_abort(culprit), std::memory_order_acq_rel);
   }
 
   bool aborted() const { return counter(rank_, abort_slot()).load(std::memory_order_acquire) != 0; }
@@ -150,14 +150,9 @@ class transport {
     for (int p = 0; p < world_; ++p) {
       if (p == rank_ || !is_peer_mapped(p)) continue;
       const auto word = counter(p, abort_slot()).load(std::memory_order_acquire);
-      if (word == 0) continue;
-      const int culprit = static_cast<int>(word) - 2;
-      const bool relayed = culprit >= 0 && culprit != p && culprit != rank_;
-      throw error(rank_, site.op, relayed ? culprit : p,
-                  (relayed ? "rank " + std::to_string(culprit) + " failed (reported by rank " +
-                                 std::to_string(p) + ", which aborted)"
-                           : std::string("peer aborted")) +
-                      " while this rank waited for " + site.what);
+      if (!is_abort(word)) continue;
+      const auto b = proxy::peer_aborted(p, decode_abort(word, world_), rank_, site.what);
+      throw error(rank_, site.op, b.peer, b.cause);
     }
   }
 
@@ -250,5 +245,7 @@ class transport {
 };
 
 static_assert(peer_mapped_transport<transport>);
+static_assert(has_peer_exit<transport>);
+static_assert(has_abort<transport>);
 
 }  // namespace epcomm::shm

@@ -44,8 +44,8 @@
 #include <string_view>
 #include <vector>
 
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/transport/concepts.hpp"
 #include "epcomm/transport/peer_abort.hpp"
 #include "epcomm/transport/process_identity.hpp"
 #include "epcomm/transport/rma/base.hpp"
@@ -107,14 +107,15 @@ class transport : public proxy::rma_transport_base {
       std::lock_guard lock(mu_);
       const std::uint64_t aborted_with = abort_word();
       const bool failed = failure_.failed() || aborted_with != 0;
-      const int culprit = aborted_with != 0 ? culprit_of(aborted_with) : failure_.culprit();
+      const int culprit =
+          aborted_with != 0 ? decode_abort(aborted_with, world_) : failure_.culprit();
       const deadline dl = teardown_deadline();
       auto progress = [&] { progress_locked(); };
       auto reachable = [&](int p) {
         return p != rank_ && p != culprit && !proxy::exited(processes_[p], self_);
       };
       drain([&] { return outstanding_ == 0; }, dl, progress);
-      const std::uint64_t goodbye = failed ? failure_goodbye(culprit) : goodbye_clean;
+      const std::uint64_t goodbye = failed ? encode_abort(culprit) : left_cleanly_word;
       suppress_latched([&] {
         for (int p = 0; p < world_; ++p)
           if (reachable(p) && !said_goodbye_[p]) post_goodbye(p, goodbye);
@@ -267,7 +268,7 @@ class transport : public proxy::rma_transport_base {
   // them and for the peers' goodbyes. Safe from any thread and after a
   // failure; only the first call counts.
   void abort(int culprit = no_peer) {
-    const std::uint64_t word = failure_goodbye(valid_culprit(culprit));
+    const std::uint64_t word = encode_abort(valid_culprit(culprit));
     if (!claim_abort(word)) return;
     std::lock_guard lock(mu_);
     for (int p = 0; p < world_; ++p)
@@ -354,7 +355,7 @@ class transport : public proxy::rma_transport_base {
   // goodbye after a failure (check_peer_aborts) or, at worst, the deadline.
   void blame_if_gone(const wait_site& site, std::size_t slot, std::uint64_t expected) {
     if (site.peer < 0 || site.peer >= world_ || site.peer == rank_) return;
-    if (counter(goodbye_slot(site.peer)) == goodbye_clean && counter(slot) < expected)
+    if (counter(goodbye_slot(site.peer)) == left_cleanly_word && counter(slot) < expected)
       fail(site.op, site.peer,
            "peer " + std::to_string(site.peer) +
                " closed its transport while this rank waited for " + site.what);
@@ -372,8 +373,8 @@ class transport : public proxy::rma_transport_base {
     for (int p = 0; p < world_; ++p) {
       if (p == rank_) continue;
       const std::uint64_t goodbye = counter(goodbye_slot(p));
-      if (goodbye < goodbye_after_failure) continue;
-      const auto b = proxy::peer_aborted(p, culprit_of(goodbye), rank_, site.what);
+      if (!is_abort(goodbye)) continue;
+      const auto b = proxy::peer_aborted(p, decode_abort(goodbye, world_), rank_, site.what);
       fail(site.op, b.peer, b.cause);
     }
   }
@@ -583,22 +584,9 @@ class transport : public proxy::rma_transport_base {
           "ucp_put_nbx");
   }
 
-  // Goodbye words: 0 still here, goodbye_clean left after its work,
-  // goodbye_after_failure + c aborted or left after a failure blamed on peer
-  // c (c == world: on none).
-  static constexpr std::uint64_t goodbye_clean = 1;
-  static constexpr std::uint64_t goodbye_after_failure = 2;
-
-  std::uint64_t failure_goodbye(int culprit) const {
-    return goodbye_after_failure + static_cast<std::uint64_t>(culprit >= 0 ? culprit : world_);
-  }
-  // The peer a goodbye after a failure blames, or no_peer.
-  int culprit_of(std::uint64_t goodbye) const {
-    const std::uint64_t c = goodbye - goodbye_after_failure;
-    return goodbye >= goodbye_after_failure && c < static_cast<std::uint64_t>(world_)
-               ? static_cast<int>(c)
-               : no_peer;
-  }
+  // Goodbye words are abort words (transport/peer_abort.hpp): 0 still here,
+  // left_cleanly_word left after its work, encode_abort(c) aborted or left
+  // after a failure blamed on c.
 
   // Sets this rank's goodbye word at `peer` with a put, after everything
   // issued before has completed there (the fence). Once per peer.
@@ -709,5 +697,9 @@ class transport : public proxy::rma_transport_base {
 };
 
 static_assert(rma_transport<transport>);
+static_assert(has_completion_count<transport>);
+static_assert(has_abort<transport>);
+static_assert(has_serve<transport>);
+static_assert(gpu_fed_transport<transport>);
 
 }  // namespace epcomm::ucx
