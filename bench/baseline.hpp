@@ -26,8 +26,8 @@
 
 #include "epcomm/core/combine_reduce.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
-#include "epcomm/normal/arguments.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/arguments.hpp"
 #include "options.hpp"
 
 namespace epcomm::bench {

@@ -24,8 +24,8 @@
 
 #include "baseline.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
-#include "epcomm/low_latency/wire.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/low_latency/wire.hpp"
 #include "options.hpp"
 
 namespace epcomm::bench {

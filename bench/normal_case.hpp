@@ -12,8 +12,8 @@
 
 #include "baseline.hpp"
 #include "bench_case.hpp"
-#include "epcomm/normal/buffer.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/normal/buffer.hpp"
 #include "inputs.hpp"
 #include "roofline.hpp"
 #include "traffic.hpp"

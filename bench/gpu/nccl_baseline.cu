@@ -5,12 +5,12 @@
 #include <cstring>
 #include <span>
 
+#include "epcomm/core/cuda_check.hpp"
+#include "epcomm/core/layout.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/cuda/warp_copy.cuh"
 #include "epcomm/normal/cuda/combine.cuh"
 #include "epcomm/normal/cuda/layout.cuh"
-#include "epcomm/core/cuda_check.hpp"
-#include "epcomm/cuda/warp_copy.cuh"
-#include "epcomm/core/spin_wait.hpp"
-#include "epcomm/core/layout.hpp"
 #include "epcomm/normal/wire.hpp"
 #include "nccl_baseline.hpp"
 

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
-#include "epcomm/normal/cuda/launch.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/cuda/launch.hpp"
 
 namespace epcomm::gpu_check {
 

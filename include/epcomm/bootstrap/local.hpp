@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
-#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/core/spin_wait.hpp"
 
 namespace epcomm {
 

@@ -27,8 +27,8 @@
 
 #include "epcomm/bootstrap/concept.hpp"
 #include "epcomm/core/deadline.hpp"
-#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/core/spin_wait.hpp"
 
 namespace epcomm {
 namespace detail::mpi {

@@ -13,12 +13,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "epcomm/cuda/gpu_proxy.hpp"
-#include "epcomm/transport/peer_table.hpp"
 #include "epcomm/core/cuda_check.hpp"
 #include "epcomm/core/deadline.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/cuda/gpu_proxy.hpp"
 #include "epcomm/proxy/channel.hpp"
+#include "epcomm/transport/peer_table.hpp"
 #include "epcomm/transport/rma/symmetric_memory.hpp"
 
 namespace epcomm::cuda {
