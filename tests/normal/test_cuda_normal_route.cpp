@@ -22,7 +22,7 @@
 #include "support/simulated_rma.hpp"
 
 using namespace epcomm;
-using cuda::normal_push::row_shape;
+using normal_push::row_shape;
 
 namespace {
 
@@ -122,7 +122,7 @@ TEST_CASE("normal route: dispatch rows land at their final rows, then the data s
       m.expect(want, r, m.pl.recv_weights + to * w, m.pl.send_weights + first * w, n * w);
       m.expect(want, r, m.pl.recv_src_idx + to * 4, m.pl.send_src_idx + first * 4, n * 4);
     }
-    CHECK(cuda::normal_push::rows(m.ch(), m.pl, world, self, counts.data(), rs, true) ==
+    CHECK(normal_push::rows(m.ch(), m.pl, world, self, counts.data(), rs, true) ==
           proxy::channel_status::ok);
     CHECK(m.errors.empty());
     for (int r = 0; r < world; ++r) {
@@ -133,6 +133,46 @@ TEST_CASE("normal route: dispatch rows land at their final rows, then the data s
   }
 }
 
+TEST_CASE("normal route: unstaged x leaves send_tokens in runs, one put per run") {
+  const int world = 3, self = 1, hidden = 128, k = 2, tokens = 8;
+  const wire::capacity c = make_capacity(world, false);
+  world_model m(c, self);
+  // send_pos[t][r]: rank 0 gets tokens 0-2 and 5, rank 2 tokens 2-7, this
+  // rank tokens 1 and 6: runs {0-2, 5}, {2-7} and, stored in place, {1, 6}.
+  std::vector<int> pos(static_cast<std::size_t>(tokens) * world, -1);
+  const std::vector<std::vector<int>> to_rank = {{0, 1, 2, 5}, {1, 6}, {2, 3, 4, 5, 6, 7}};
+  std::vector<int> counts = count_matrix(world);
+  for (int r = 0; r < world; ++r) {
+    int n = 0;
+    for (int t : to_rank[r]) pos[static_cast<std::size_t>(t) * world + r] = n++;
+    counts[self * world + r] = n;
+  }
+  const row_shape rs{hidden * 2u, 0, k, 0};
+  fill(m.buf[self].data() + m.pl.send_tokens, tokens * rs.x, 9);
+  fill(m.buf[self].data() + m.pl.send_topk_idx, m.pl.send_src_idx - m.pl.send_topk_idx, 3);
+  std::vector<bytes> want = m.buf;
+  for (int r = 0; r < world; ++r) {
+    if (r == self) continue;
+    const std::size_t to = recv_offset(counts.data(), world, self, r);
+    for (int t : to_rank[r])
+      m.expect(want, r, m.pl.recv_x + (to + pos[static_cast<std::size_t>(t) * world + r]) * rs.x,
+               m.pl.send_tokens + static_cast<std::size_t>(t) * rs.x, rs.x);
+    const std::size_t first = return_offset(counts.data(), world, self, r);
+    const std::size_t n = counts[self * world + r];
+    const std::size_t idx = k * sizeof(std::int64_t), w = k * sizeof(float);
+    m.expect(want, r, m.pl.recv_topk_idx + to * idx, m.pl.send_topk_idx + first * idx, n * idx);
+    m.expect(want, r, m.pl.recv_weights + to * w, m.pl.send_weights + first * w, n * w);
+    m.expect(want, r, m.pl.recv_src_idx + to * 4, m.pl.send_src_idx + first * 4, n * 4);
+  }
+  const normal_push::x_source xs{pos.data(), tokens};
+  CHECK(normal_push::rows(m.ch(), m.pl, world, self, counts.data(), rs, true, xs) ==
+        proxy::channel_status::ok);
+  CHECK(m.errors.empty());
+  for (int r = 0; r < world; ++r) CHECK_MESSAGE(m.buf[r] == want[r], "rank ", r);
+  // Rank 0: two runs, then idx, weights, src; a bare signal to this rank;
+  // rank 2: one run, then the same three.
+  CHECK(m.pushes == (2 + 3) + 1 + (1 + 3));
+}
 TEST_CASE("normal route: a rejected dispatch or combine only signals (the agreement to reject)") {
   const int world = 3, self = 1;
   const wire::capacity c = make_capacity(world, false);
@@ -143,9 +183,9 @@ TEST_CASE("normal route: a rejected dispatch or combine only signals (the agreem
     const std::vector<bytes> before = m.buf;
     const row_shape rs{512, 0, 2, 512};
     const auto status =
-        combine ? cuda::normal_push::combine_rows(m.ch(), m.pl, world, self, counts.data(), rs,
-                                                  true, false)
-                : cuda::normal_push::rows(m.ch(), m.pl, world, self, counts.data(), rs, false);
+        combine
+            ? normal_push::combine_rows(m.ch(), m.pl, world, self, counts.data(), rs, true, false)
+            : normal_push::rows(m.ch(), m.pl, world, self, counts.data(), rs, false);
     CHECK(status == proxy::channel_status::ok);
     const auto kind = combine ? wire::signal_kind::combine_data : wire::signal_kind::data;
     for (int r = 0; r < world; ++r) {
@@ -171,10 +211,9 @@ TEST_CASE("normal route: notify slots and combine statuses reach their slot at e
     std::memcpy(want[p].data() + m.pl.combine_status + self * m.pl.combine_status_slot_bytes,
                 m.buf[self].data() + m.pl.send_combine_status, sizeof(wire::combine_header));
   }
-  CHECK(cuda::normal_push::notify(m.ch(), m.pl, world, self, notify_bytes) ==
+  CHECK(normal_push::notify(m.ch(), m.pl, world, self, notify_bytes) == proxy::channel_status::ok);
+  CHECK(normal_push::combine_status(m.ch(), m.pl, world, self, sizeof(wire::combine_header)) ==
         proxy::channel_status::ok);
-  CHECK(cuda::normal_push::combine_status(
-            m.ch(), m.pl, world, self, sizeof(wire::combine_header)) == proxy::channel_status::ok);
   for (int p = 0; p < world; ++p) {
     CHECK(m.buf[p] == want[p]);
     CHECK(m.counters[p][wire::signal_slot(wire::signal_kind::notify, self, world)] == 1);
@@ -203,8 +242,8 @@ TEST_CASE("normal route: combine rows go back to where their sources reduce them
         m.expect(want, s, m.pl.combine_weights + to * k * 4,
                  m.pl.send_combine_weights + from * k * 4, n * k * 4);
     }
-    CHECK(cuda::normal_push::combine_rows(m.ch(), m.pl, world, self, counts.data(), rs, weights,
-                                          true) == proxy::channel_status::ok);
+    CHECK(normal_push::combine_rows(m.ch(), m.pl, world, self, counts.data(), rs, weights, true) ==
+          proxy::channel_status::ok);
     CHECK(m.errors.empty());
     for (int s = 0; s < world; ++s) {
       CHECK(m.buf[s] == want[s]);
@@ -217,8 +256,7 @@ TEST_CASE("normal route: a failed push stops the round") {
   const int world = 3;
   world_model m(make_capacity(world, false), 0);
   m.fail_at = 2;
-  CHECK(cuda::normal_push::notify(m.ch(), m.pl, world, 0, 64) ==
-        proxy::channel_status::proxy_failed);
+  CHECK(normal_push::notify(m.ch(), m.pl, world, 0, 64) == proxy::channel_status::proxy_failed);
   CHECK(m.pushes == 2);
   CHECK(m.counters[2][wire::signal_slot(wire::signal_kind::notify, 0, world)] == 0);
 }

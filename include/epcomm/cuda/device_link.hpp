@@ -18,6 +18,7 @@
 #include "epcomm/core/error.hpp"
 #include "epcomm/cuda/gpu_proxy.hpp"
 #include "epcomm/proxy/channel.hpp"
+#include "epcomm/proxy/proxy_if.hpp"
 #include "epcomm/transport/peer_table.hpp"
 #include "epcomm/transport/rma/symmetric_memory.hpp"
 
@@ -38,14 +39,14 @@ class device_link {
   device_link(B& boot, std::size_t bytes, std::size_t slots, std::chrono::milliseconds timeout,
               proxy::memory_kind rma_memory, int channels)
       : transport_(make_transport(boot, bytes, slots, timeout, rma_memory)),
-        proxy_(transport_, timeout, channels) {}
+        proxy_(transport_, gpu_proxy_options{.channels = channels, .timeout = timeout}) {}
 
   Transport& transport() { return transport_; }
 
   // The start of this rank's symmetric buffer, as kernels address it.
   std::byte* local_buffer() {
     if constexpr (via_proxy)
-      return proxy_->device_buffer();
+      return proxy_.device_buffer();
     else
       return transport_.local_device_buffer().data();
   }
@@ -56,9 +57,9 @@ class device_link {
       peer_table t{};
       t.rank = transport_.rank();
       t.world_size = transport_.world_size();
-      t.buffer[t.rank] = proxy_->device_buffer();
+      t.buffer[t.rank] = proxy_.device_buffer();
       // Kernels only read the counters; the proxy adds to them.
-      t.signals[t.rank] = const_cast<std::uint64_t*>(proxy_->device_counters());
+      t.signals[t.rank] = const_cast<std::uint64_t*>(proxy_.device_counters());
       return t;
     } else {
       return transport_.device_handle();
@@ -68,7 +69,7 @@ class device_link {
   // Over RMA: channel c of the proxy.
   proxy::channel channel(int c) const {
     if constexpr (via_proxy)
-      return proxy_->channel(c);
+      return proxy_.channel(c);
     else
       return {};
   }
@@ -78,9 +79,9 @@ class device_link {
   // has failed.
   error with_proxy_cause(const error& e) {
     if constexpr (via_proxy) {
-      if (proxy_->engine().failed()) {
+      if (proxy_.engine().failed()) {
         try {
-          proxy_->engine().rethrow();
+          proxy_.engine().rethrow();
         } catch (const error& cause) {
           return error(e.rank(), e.op(), cause.peer(),
                        e.cause() + ": " + cause.op() + ": " + cause.cause());
@@ -109,26 +110,8 @@ class device_link {
     }
   }
 
-  struct no_proxy {
-    no_proxy(Transport&, std::chrono::milliseconds, int) {}
-  };
-  template <bool rma, class = void>
-  struct proxy_of {
-    using type = no_proxy;
-  };
-  template <class Unused>
-  struct proxy_of<true, Unused> {
-    struct type {
-      type(Transport& t, std::chrono::milliseconds timeout, int channels)
-          : gp(t, {.channels = channels, .timeout = timeout}) {}
-      gpu_proxy<Transport>* operator->() { return &gp; }
-      const gpu_proxy<Transport>* operator->() const { return &gp; }
-      gpu_proxy<Transport> gp;
-    };
-  };
-
   Transport transport_;
-  typename proxy_of<via_proxy>::type proxy_;  // after transport_: its engine stops first
+  proxy::proxy_if<via_proxy, gpu_proxy, Transport> proxy_;  // after transport_: stops first
 };
 
 }  // namespace epcomm::cuda

@@ -280,7 +280,7 @@ requires peer_mapped_transport<Intra> &&
     return wire::hier::signal_slot(k, source, nodes_);
   }
 
-  void ensure_usable(const char* op) const { check_not_broken(rank_, op, broken_); }
+  void ensure_usable(const char* op) const { guard_.check(rank_, op, false); }
 
   void inject(fault::point at, const char* op) {
     fault::inject(at, rank_, op, [&] { abort_links(no_peer); });
@@ -295,7 +295,7 @@ requires peer_mapped_transport<Intra> &&
   // groups.
   template <class F>
   void guarded(F&& f) {
-    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_links(culprit); });
+    guard_.run(std::forward<F>(f), [this](int culprit) { abort_links(culprit); });
   }
 
   // When every rank has agreed to reject a call, each still completes the
@@ -929,7 +929,7 @@ requires peer_mapped_transport<Intra> &&
   detail::group_link<Inter> inter_;
   std::uint64_t dispatch_epoch_ = 0;
   std::uint64_t combine_epoch_ = 0;
-  std::optional<std::string> broken_;
+  call_guard guard_;
 };
 
 }  // namespace epcomm

@@ -4,10 +4,10 @@
 //
 //   - members are numbered within the group; world_rank() maps them back,
 //     and errors the transport throws are re-thrown naming world ranks;
-//   - bytes for a member are written where outgoing() says (straight into
-//     the member's buffer over a peer-mapped transport, into this rank's
-//     staging area over an RMA one) and handed over with send(), which puts
-//     them through a proxy thread when the transport is RMA;
+//   - bytes for a member are written where outgoing() says and handed over
+//     with send(), as the host link does it (host/link.hpp): straight into
+//     the member's buffer over a peer-mapped transport, staged and put
+//     through the proxy over an RMA one;
 //   - every byte handed over, stored into or read from another member is
 //     counted, so that tests can prove what crossed which transport.
 #pragma once
@@ -22,7 +22,7 @@
 
 #include "epcomm/bootstrap/subgroup.hpp"
 #include "epcomm/core/error.hpp"
-#include "epcomm/proxy/engine.hpp"
+#include "epcomm/host/link.hpp"
 #include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
@@ -49,7 +49,7 @@ template <class T>
 requires peer_mapped_transport<T> || has_completion_count<T>
 class group_link {
  public:
-  static constexpr bool peer_mapped = peer_mapped_transport<T>;
+  static constexpr bool peer_mapped = !host_link<T>::via_proxy;
 
   // Collective over `parent`: the ranks passing the same `colour` bring up T
   // over their group. `members` are their world ranks in group order, as the
@@ -62,36 +62,30 @@ class group_link {
         members_(std::move(members)),
         self_(static_cast<int>(std::find(members_.begin(), members_.end(), parent.rank()) -
                                members_.begin())),
-        transport_(connect(parent, colour, split, locality, members_, bytes, slots, dl)),
-        proxy_(transport_),
+        link_([&] { return connect(parent, colour, split, locality, members_, bytes, slots, dl); }),
         traffic_(size()) {}
 
   int size() const { return static_cast<int>(members_.size()); }
   int world_rank(int member) const { return members_[member]; }
-  T& transport() { return transport_; }
+  T& transport() { return link_.transport(); }
   const group_traffic& traffic() const { return traffic_; }
 
-  std::byte* local(std::size_t offset) { return transport_.local_buffer().data() + offset; }
+  std::byte* local(std::size_t offset) { return link_.local(offset); }
 
   // Member i's buffer at `offset`, for direct stores and loads.
-  std::byte* peer(int i, std::size_t offset) requires peer_mapped {
-    return transport_.peer_ptr(i, offset);
-  }
+  std::byte* peer(int i, std::size_t offset) requires peer_mapped { return link_.peer(i, offset); }
 
   // Where this rank writes the bytes member i will read at `remote`: i's
   // buffer itself, or the staging offset `staged` that send() puts from.
   std::byte* outgoing(int i, std::size_t remote, std::size_t staged) {
-    if constexpr (peer_mapped)
-      return transport_.peer_ptr(i, remote);
-    else
-      return local(staged);
+    return link_.outgoing(i, remote, staged);
   }
 
   // Hands over `bytes` written at outgoing(i, remote, staged).
   void send(int i, std::size_t staged, std::size_t remote, std::size_t bytes, traffic_kind kind,
             const deadline& dl) {
     count(i, bytes, kind);
-    if constexpr (!peer_mapped) push(proxy::op_code::put, i, staged, remote, bytes, 0, dl);
+    translated([&] { link_.put(producer_channel, i, staged, remote, bytes, dl); });
   }
 
   // send(), then adds 1 to member i's counter `slot` once those bytes and
@@ -99,29 +93,23 @@ class group_link {
   void send_signal(int i, std::size_t staged, std::size_t remote, std::size_t bytes,
                    std::size_t slot, traffic_kind kind, const deadline& dl) {
     count(i, bytes, kind);
-    if constexpr (peer_mapped)
-      transport_.signal_add(i, slot, 1);
-    else
-      push(proxy::op_code::put_signal, i, staged, remote, bytes, slot, dl);
+    translated([&] { link_.put_signal(producer_channel, i, staged, remote, bytes, slot, dl); });
   }
 
   // Adds 1 to member i's counter `slot` after every earlier write to i.
   void signal(int i, std::size_t slot, const deadline& dl) {
-    if constexpr (peer_mapped)
-      transport_.signal_add(i, slot, 1);
-    else
-      push(proxy::op_code::signal, i, 0, 0, 0, slot, dl);
+    translated([&] { link_.signal(producer_channel, i, slot, dl); });
   }
 
   // Over an RMA transport: returns once every put handed over is complete,
   // so the staging area may be written again.
   void quiet(const deadline& dl) {
-    if constexpr (!peer_mapped) translated([&] { proxy_.quiet(producer_channel, dl); });
+    translated([&] { link_.quiet(producer_channel, dl); });
   }
 
   void wait(std::size_t slot, std::uint64_t expected, const deadline& dl, const char* op, int i,
             const char* what) {
-    translated([&] { transport_.wait(slot, expected, dl, {op, i, what}); });
+    translated([&] { link_.transport().wait(slot, expected, dl, {op, i, what}); });
   }
 
   // Records bytes the engine stored into, or loaded from, member i's buffer
@@ -135,24 +123,11 @@ class group_link {
   // Gives up on the group where the transport can (peers waiting in it fail
   // at once); `culprit` is a world rank or no_peer.
   void abort(int culprit) {
-    if constexpr (has_abort<T>) {
-      const auto at = std::find(members_.begin(), members_.end(), culprit);
-      transport_.abort(at == members_.end() ? no_peer : static_cast<int>(at - members_.begin()));
-    }
+    const auto at = std::find(members_.begin(), members_.end(), culprit);
+    link_.abort(at == members_.end() ? no_peer : static_cast<int>(at - members_.begin()));
   }
 
  private:
-  struct no_proxy {
-    explicit no_proxy(T&) {}
-  };
-  template <bool rma, class = void>
-  struct proxy_of {
-    using type = no_proxy;
-  };
-  template <class Unused>
-  struct proxy_of<true, Unused> {
-    using type = proxy::engine<T>;
-  };
   static constexpr int producer_channel = 0;  // the engine's calling thread
 
   template <bootstrap B>
@@ -165,13 +140,6 @@ class group_link {
                   "the bootstrap grouped ranks unlike the topology (nodes must be consecutive "
                   "ranks)");
     return T(group, bytes, slots, dl);
-  }
-
-  void push(proxy::op_code op, int i, std::size_t local_offset, std::size_t remote_offset,
-            std::size_t bytes, std::size_t slot, const deadline& dl) {
-    translated([&] {
-      proxy_.push(producer_channel, op, i, local_offset, remote_offset, bytes, slot, 1, dl);
-    });
   }
 
   // Transports number peers within the group; the engine's errors name world
@@ -197,8 +165,7 @@ class group_link {
   std::string name_;
   std::vector<int> members_;
   int self_;
-  T transport_;
-  typename proxy_of<!peer_mapped>::type proxy_;  // after transport_: stops before it closes
+  host_link<T> link_;
   group_traffic traffic_;
 };
 

@@ -70,6 +70,7 @@
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/host/call_guard.hpp"
 #include "epcomm/host/fault_injection.hpp"
+#include "epcomm/host/link.hpp"
 #include "epcomm/host/lost_ranks.hpp"
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/low_latency/arguments.hpp"
@@ -78,7 +79,6 @@
 #include "epcomm/low_latency/rma.hpp"
 #include "epcomm/low_latency/validation.hpp"
 #include "epcomm/low_latency/wire.hpp"
-#include "epcomm/proxy/engine.hpp"
 #include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
@@ -91,7 +91,7 @@ template <transport Transport, low_latency_wire Wire = bf16>
 requires peer_mapped_transport<Transport> || has_completion_count<Transport>
 class low_latency_buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
-  static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
+  static constexpr bool via_proxy = host_link<Transport>::via_proxy;
   static constexpr const char* dispatch_op = "low-latency dispatch";
   static constexpr const char* combine_op = "low-latency combine";
   // Masking a lost rank needs every byte to a peer stored by this rank (no
@@ -119,8 +119,14 @@ class low_latency_buffer {
         mask_lost_ranks_(cfg.mask_lost_ranks),
         shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, {}, can_mask_lost_ranks)),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
-        transport_(boot, plan_.total, wire::ll::signal_slots(shape_), deadline::after(timeout_)),
-        proxy_(transport_),
+        // One proxy channel per parity, so that reusing a parity's staging
+        // waits only for that parity's puts.
+        link_(
+            [&] {
+              return Transport(boot, plan_.total, wire::ll::signal_slots(shape_),
+                               deadline::after(timeout_));
+            },
+            wire::ll::parities),
         next_slot_(shape_.num_experts),
         rows_to_rank_(world_),
         lost_(world_, false),
@@ -128,7 +134,7 @@ class low_latency_buffer {
     token_rows_.reserve(static_cast<std::size_t>(shape_.max_topk));
     row_weights_.reserve(static_cast<std::size_t>(shape_.max_topk));
     if constexpr (!via_proxy)
-      require_peer_mapped(transport_, rank_, world_, "low_latency_buffer",
+      require_peer_mapped(link_.transport(), rank_, world_, "low_latency_buffer",
                           "low-latency mode over this transport needs every rank on one node");
     stats_.recv_tokens_per_expert.assign(shape_.local_experts(), 0);
     stats_.dispatch_wait.assign(world_, {});
@@ -144,15 +150,16 @@ class low_latency_buffer {
   // never ran was never released by this rank itself.)
   ~low_latency_buffer() {
     if constexpr (via_proxy) {
-      if (broken_ || aborted_.load(std::memory_order_acquire)) return;
+      if (guard_.broken() || aborted_.load(std::memory_order_acquire)) return;
       try {
         const deadline dl = deadline::after(timeout_);
         for (int p = 0; p < wire::ll::parities; ++p)
           if (const std::uint64_t epoch = parity_[p].dispatch_epoch; epoch > 0)
             for (int r = 0; r < world_; ++r)
               if (r != rank_ || !parity_[p].dispatch_pending)
-                transport_.wait(wire::ll::released_signal(shape_, p, r), epoch, dl,
-                                {"low_latency_buffer teardown", r, "release of the last dispatch"});
+                link_.transport().wait(
+                    wire::ll::released_signal(shape_, p, r), epoch, dl,
+                    {"low_latency_buffer teardown", r, "release of the last dispatch"});
       } catch (const error&) {
         // A peer failed or left meanwhile: the transport's teardown is bounded.
       }
@@ -165,7 +172,7 @@ class low_latency_buffer {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   const wire::ll::shape& shape() const { return shape_; }
-  Transport& transport() { return transport_; }
+  Transport& transport() { return link_.transport(); }
 
   // Gives up on the group: this buffer refuses further calls and, through the
   // transport's abort(), waiters in any thread of this rank and peers waiting
@@ -174,7 +181,7 @@ class low_latency_buffer {
   // a failure.
   void abort() {
     aborted_.store(true, std::memory_order_release);
-    abort_transport();
+    link_.abort();
   }
   const ll_stats& stats() const { return stats_; }
   void reset_stats() {
@@ -204,7 +211,7 @@ class low_latency_buffer {
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in);
     guarded([&] {
-      fault::inject(fault::point::low_latency, rank_, dispatch_op, [this] { abort_transport(); });
+      fault::inject(fault::point::low_latency, rank_, dispatch_op, [this] { link_.abort(); });
       if (epoch > 1)
         for (int r = 0; r < world_; ++r)
           wait_for_peer(wire::ll::released_signal(shape_, p, r), epoch - 1, dl,
@@ -212,7 +219,7 @@ class low_latency_buffer {
       // RMA: every put that read this parity's staging and combine_send (the
       // previous dispatch and combine on it) must be complete before they
       // are written again, here or by the caller once this dispatch returns.
-      if constexpr (via_proxy) proxy_.quiet(p, dl);
+      link_.quiet(p, dl);
       if (cause.empty())
         send_records(p, epoch, in, dl);
       else
@@ -273,24 +280,6 @@ class low_latency_buffer {
   }
 
  private:
-  // The proxy that issues this rank's RMA operations, with one channel (ring)
-  // per parity so that reusing a parity's staging waits only for that
-  // parity's puts; nothing for peer-mapped transports.
-  struct no_proxy {
-    explicit no_proxy(Transport&) {}
-  };
-  template <bool rma, class = void>
-  struct proxy_of {
-    using type = no_proxy;
-  };
-  template <class Unused>
-  struct proxy_of<true, Unused> {
-    struct type : proxy::engine<Transport> {
-      explicit type(Transport& t) : proxy::engine<Transport>(t, {.channels = wire::ll::parities}) {}
-    };
-  };
-  using proxy_type = typename proxy_of<via_proxy>::type;
-
   struct parity_state {
     std::uint64_t dispatch_epoch = 0;  // dispatches issued on this parity
     std::uint64_t combine_epoch = 0;   // combines issued on this parity
@@ -310,69 +299,34 @@ class low_latency_buffer {
   // A local region of parity p, typed.
   template <class T>
   T* local(int p, std::size_t offset) {
-    return reinterpret_cast<T*>(transport_.local_buffer().data() + wire::ll::parity_base(plan_, p) +
-                                offset);
+    return reinterpret_cast<T*>(link_.local(wire::ll::parity_base(plan_, p) + offset));
   }
 
-  // True when this rank stores into `peer`'s buffer itself: every peer over
-  // a peer-mapped transport, only this rank over an RMA one.
-  bool direct(int peer) const { return !via_proxy || peer == rank_; }
-
-  // Offset `at` (from the start of the symmetric buffer) in the buffer of
-  // `peer`, for which direct(peer).
-  std::byte* remote(int peer, std::size_t at) {
-    if constexpr (via_proxy)
-      return transport_.local_buffer().data() + at;  // peer == rank_
-    else
-      return transport_.peer_ptr(peer, at);
-  }
-
-  // Writes `bytes` from `from` to where `to` says: stored when direct, else
-  // put by the proxy from `to.local`, where the caller staged the same bytes.
+  // Writes `bytes` from `from` to where `to` says: stored when this rank
+  // stores into that peer (host_link::direct), else put by the proxy from
+  // `to.local`, where the caller staged the same bytes.
   void write(int p, const wire::ll::rma_write& to, const void* from, const deadline& dl) {
-    if (direct(to.peer)) {
-      std::memcpy(remote(to.peer, to.remote), from, to.bytes);
-    } else if constexpr (via_proxy) {
-      enqueue(p, proxy::op_code::put, to.peer, to.local, to.remote, to.bytes, 0, dl);
-    }
-  }
-
-  // RMA path: hands one operation of parity p to the proxy; put_signal and
-  // signal add 1 to `peer`'s counter `slot` once this and every earlier write
-  // to `peer` has landed there. Offsets are from the symmetric buffer's start.
-  void enqueue(int p, proxy::op_code op, int peer, std::size_t local_off, std::size_t remote_off,
-               std::size_t bytes, std::size_t slot, const deadline& dl) {
-    proxy_.push(p, op, peer, local_off, remote_off, bytes, slot, 1, dl);
-  }
-
-  // Adds 1 to `peer`'s counter `slot` after this rank's earlier writes to it.
-  void signal_add(int p, int peer, std::size_t slot, const deadline& dl) {
-    if constexpr (via_proxy)
-      enqueue(p, proxy::op_code::signal, peer, 0, 0, 0, slot, dl);
+    if (link_.direct(to.peer))
+      std::memcpy(link_.direct_ptr(to.peer, to.remote), from, to.bytes);
     else
-      transport_.signal_add(peer, slot, 1);
+      link_.put(p, to.peer, to.local, to.remote, to.bytes, dl);
   }
 
   void ensure_usable(const char* op) const {
-    check_not_broken(rank_, op, broken_);
-    bool aborted = aborted_.load(std::memory_order_acquire);
-    if constexpr (has_abort<Transport>) aborted = aborted || transport_.aborted();
-    if (aborted) throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
+    guard_.check(rank_, op, aborted_.load(std::memory_order_acquire) || link_.aborted());
   }
 
   // A transport failure (deadline, lost peer) or a protocol violation
   // breaks the buffer and aborts the transport (host/call_guard.hpp).
   template <class F>
   void guarded(F&& f) {
-    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_transport(culprit); });
+    guard_.run(std::forward<F>(f), [this](int culprit) { link_.abort(culprit); });
   }
-
-  void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
 
   // See host/lost_ranks.hpp: false for a peer lost before or found lost now.
   bool wait_for_peer(std::size_t slot, std::uint64_t expected, const deadline& dl,
                      const wait_site& site) {
-    return wait_or_mark_lost(transport_, mask_lost_ranks_, lost_, slot, expected, dl, site);
+    return wait_or_mark_lost(link_.transport(), mask_lost_ranks_, lost_, slot, expected, dl, site);
   }
 
   bool expert_lost(std::int64_t e) const { return lost_[e / shape_.local_experts()]; }
@@ -487,8 +441,8 @@ class low_latency_buffer {
   std::byte* outgoing_record(int e, int slot, int p) {
     const wire::ll::rma_write region = wire::ll::records_write(shape_, plan_, p, rank_, e, 0);
     const std::size_t at = static_cast<std::size_t>(slot) * wire::ll::record_bytes(shape_);
-    if (direct(region.peer)) return remote(region.peer, region.remote + at);
-    return transport_.local_buffer().data() + region.local + at;
+    if (link_.direct(region.peer)) return link_.direct_ptr(region.peer, region.remote + at);
+    return link_.local(region.local + at);
   }
 
   // Count word (and, over RMA, the staged records before it) of region
@@ -496,8 +450,8 @@ class low_latency_buffer {
   void publish_dispatch_count(int e, int p, const wire::ll::count_word& w, const deadline& dl) {
     if constexpr (via_proxy) {
       const wire::ll::rma_write recs = wire::ll::records_write(shape_, plan_, p, rank_, e, w.count);
-      if (!direct(recs.peer) && w.count > 0)
-        enqueue(p, proxy::op_code::put, recs.peer, recs.local, recs.remote, recs.bytes, 0, dl);
+      if (!link_.direct(recs.peer) && w.count > 0)
+        link_.put(p, recs.peer, recs.local, recs.remote, recs.bytes, dl);
     }
     publish_count(p, wire::ll::dispatch_count_write(shape_, plan_, p, rank_, e), w, dl);
   }
@@ -510,13 +464,8 @@ class low_latency_buffer {
   // its signal; over RMA, staged where `to` says and put with the signal.
   void publish_count(int p, const wire::ll::rma_write& to, const wire::ll::count_word& w,
                      const deadline& dl) {
-    if constexpr (via_proxy) {
-      std::memcpy(transport_.local_buffer().data() + to.local, &w, sizeof w);
-      enqueue(p, proxy::op_code::put_signal, to.peer, to.local, to.remote, to.bytes, to.slot, dl);
-    } else {
-      std::memcpy(remote(to.peer, to.remote), &w, sizeof w);
-      transport_.signal_add(to.peer, to.slot, 1);
-    }
+    std::memcpy(link_.outgoing(to.peer, to.remote, to.local), &w, sizeof w);
+    link_.put_signal(p, to.peer, to.local, to.remote, to.bytes, to.slot, dl);
   }
 
   // Tells every peer, through the count words this rank owes it, that this
@@ -527,8 +476,7 @@ class low_latency_buffer {
     rec.epoch = epoch;
     std::strncpy(rec.cause, cause.c_str(), sizeof(rec.cause) - 1);
     if constexpr (via_proxy)
-      std::memcpy(transport_.local_buffer().data() +
-                      wire::ll::reject_write(shape_, plan_, p, rank_, kind, rank_).local,
+      std::memcpy(link_.local(wire::ll::reject_write(shape_, plan_, p, rank_, kind, rank_).local),
                   &rec, sizeof rec);
     const wire::ll::count_word w{epoch, 0, wire::ll::state::rejected};
     for (int r = 0; r < world_; ++r) {
@@ -643,7 +591,7 @@ class low_latency_buffer {
                                   st.dispatch_ok, rejecting));
       // Every record of this parity has been read: sources may write it again.
       for (int r = 0; r < world_; ++r)
-        if (!lost_[r]) signal_add(p, r, wire::ll::released_signal(shape_, p, rank_), dl);
+        if (!lost_[r]) link_.signal(p, r, wire::ll::released_signal(shape_, p, rank_), dl);
     });
     st.dispatch_pending = false;
     if (failure) {
@@ -791,8 +739,7 @@ class low_latency_buffer {
   bool mask_lost_ranks_;
   wire::ll::shape shape_;
   wire::ll::plan plan_;
-  Transport transport_;
-  proxy_type proxy_;  // after transport_: it stops before the transport closes
+  host_link<Transport> link_;
   parity_state parity_[wire::ll::parities];
   int next_parity_ = 0;
   // Per-call scratch, sized once here so that no call allocates.
@@ -803,7 +750,7 @@ class low_latency_buffer {
   std::vector<const bf16*> token_rows_;  // one token's rows in the reduction, [<= K]
   std::vector<float> row_weights_;       // and their weights
   ll_stats stats_;
-  std::optional<std::string> broken_;
+  call_guard guard_;
   std::atomic<bool> aborted_{false};  // abort() was called, maybe from another thread
 };
 

@@ -2,9 +2,9 @@
 // and the token type. This is the host engine: the calling thread is the
 // producer. Over a peer-mapped transport it stores rows straight into peers'
 // buffers; over an RMA transport it stages them in its own registered buffer
-// (wire::region_plan's send_* regions) and hands put / put_signal
-// descriptors to a proxy thread (proxy::engine), which issues them. Both
-// paths move the same bytes to the same offsets with the same counted
+// (wire::region_plan's send_* regions) and pushes the descriptors of
+// normal/route.hpp, the kernels' own, to a proxy thread (host/link.hpp).
+// Both paths move the same bytes to the same offsets with the same counted
 // signals. Protocol per call (see docs/design.md):
 //
 //   dispatch  notify: every rank posts its shape, input status and counts to
@@ -47,13 +47,14 @@
 #include "epcomm/core/topology.hpp"
 #include "epcomm/host/call_guard.hpp"
 #include "epcomm/host/fault_injection.hpp"
+#include "epcomm/host/link.hpp"
 #include "epcomm/host/lost_ranks.hpp"
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/normal/arguments.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/normal/route.hpp"
 #include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
-#include "epcomm/proxy/engine.hpp"
 #include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
@@ -62,7 +63,7 @@ template <transport Transport, token_type Token>
 requires peer_mapped_transport<Transport> || has_completion_count<Transport>
 class buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
-  static constexpr bool via_proxy = !peer_mapped_transport<Transport>;
+  static constexpr bool via_proxy = host_link<Transport>::via_proxy;
   // Masking needs every byte to a peer stored by this rank (no proxy holding
   // puts) and a transport that tells an exited peer from a slow one.
   static constexpr bool can_mask_lost_ranks = !via_proxy && has_peer_exit<Transport>;
@@ -79,19 +80,21 @@ class buffer {
         timeout_(effective_timeout(cfg.timeout)),
         cap_(agree_capacity<Token>(boot, cfg, timeout_, can_mask_lost_ranks)),
         plan_(wire::plan_regions(cap_, via_proxy, !via_proxy)),
-        transport_(boot, plan_.total, wire::signal_slots(world_), deadline::after(timeout_)),
-        proxy_(transport_),
+        link_([&] {
+          return Transport(boot, plan_.total, wire::signal_slots(world_),
+                           deadline::after(timeout_));
+        }),
         mask_lost_ranks_(cfg.mask_lost_ranks),
         lost_(world_, false) {
     if constexpr (!via_proxy)
-      require_peer_mapped(transport_, rank_, world_, "buffer",
+      require_peer_mapped(link_.transport(), rank_, world_, "buffer",
                           "normal mode over this transport needs every rank on one node");
   }
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   const wire::capacity& capacity() const { return cap_; }
-  Transport& transport() { return transport_; }
+  Transport& transport() { return link_.transport(); }
 
   // Time this rank spent blocked on each peer, cumulative: the rank whose
   // column grows fastest on every other rank is the straggler.
@@ -104,7 +107,7 @@ class buffer {
   // Gives up on the group: waiters in any thread of this rank and peers
   // waiting for it throw promptly instead of at their deadlines, and this
   // buffer refuses further calls. Safe from any thread, also after a failure.
-  void abort() { abort_transport(); }
+  void abort() { link_.abort(); }
 
   // Where the tokens of the next dispatch can be written ([num_tokens][hidden])
   // so that a dispatch given exactly this span as x copies none of them. Over
@@ -208,7 +211,7 @@ class buffer {
       if constexpr (via_proxy)
         put_combine_rows(in, h, in_place, dl);
       else
-        return_rows(in, h, in_place, epoch);
+        return_rows(in, h, in_place, epoch, dl);
       for (int r = 0; r < world_; ++r)
         returned[r] = await_round(wire::signal_kind::combine_data, r, epoch, dl,
                                   {"combine", r, "combined rows"});
@@ -229,19 +232,6 @@ class buffer {
   }
 
  private:
-  // The proxy that issues this rank's RMA operations; nothing for peer-mapped transports.
-  struct no_proxy {
-    explicit no_proxy(Transport&) {}
-  };
-  template <bool rma, class = void>
-  struct proxy_of {
-    using type = no_proxy;
-  };
-  template <class Unused>
-  struct proxy_of<true, Unused> {
-    using type = proxy::engine<Transport>;
-  };
-  using proxy_type = typename proxy_of<via_proxy>::type;
   static constexpr int producer_channel = 0;  // the calling thread
 
   struct peer_notify {
@@ -254,42 +244,22 @@ class buffer {
     return wire::signal_slot(kind, source, world_);
   }
 
-  // RMA path: hands one operation to the proxy (put_signal and signal add 1
-  // to `signal_slot`). Offsets are relative to the symmetric buffer.
-  void enqueue(proxy::op_code op, int peer, std::size_t local, std::size_t remote,
-               std::size_t bytes, std::size_t signal_slot, const deadline& dl) {
-    proxy_.push(producer_channel, op, peer, local, remote, bytes, signal_slot, 1, dl);
-  }
+  // RMA path: the proxy, behind the route's pusher interface.
+  auto route(const deadline& dl) { return link_.writer(producer_channel, dl); }
 
   // RMA path: before staging overwrites the send regions, every put that
   // read them must be complete.
-  void quiet_staging(const deadline& dl) {
-    if constexpr (via_proxy) proxy_.quiet(producer_channel, dl);
-  }
+  void quiet_staging(const deadline& dl) { link_.quiet(producer_channel, dl); }
 
-  // Where this rank writes what `peer` will read at `offset`: the peer's
-  // buffer itself, or the staging slot the proxy puts from.
-  std::byte* outgoing(int peer, std::size_t offset, std::size_t staged) {
-    if constexpr (via_proxy)
-      return transport_.local_buffer().data() + staged;
-    else
-      return transport_.peer_ptr(peer, offset);
-  }
+  std::byte* local(std::size_t offset) { return link_.local(offset); }
 
-  void ensure_usable(const char* op) const {
-    check_not_broken(rank_, op, broken_);
-    if constexpr (has_abort<Transport>)
-      if (transport_.aborted())
-        throw error(rank_, op, no_peer, "buffer unusable: the group was aborted");
-  }
+  void ensure_usable(const char* op) const { guard_.check(rank_, op, link_.aborted()); }
 
   // See host/call_guard.hpp: a failed call breaks the buffer and aborts the group.
   template <class F>
   void guarded(F&& f) {
-    guard_call(broken_, std::forward<F>(f), [this](int culprit) { abort_transport(culprit); });
+    guard_.run(std::forward<F>(f), [this](int culprit) { link_.abort(culprit); });
   }
-
-  void abort_transport(int culprit = no_peer) { try_abort(transport_, culprit); }
 
   // Waits for `peer`'s round `kind` of call `epoch`. True once it came;
   // with mask_lost_ranks, a peer whose process is gone (found now or
@@ -300,8 +270,8 @@ class buffer {
                    const wait_site& site) {
     if (!lost_[peer]) {
       const auto start = steady::now();
-      const bool came =
-          wait_or_mark_lost(transport_, mask_lost_ranks_, lost_, slot(kind, peer), epoch, dl, site);
+      const bool came = wait_or_mark_lost(link_.transport(), mask_lost_ranks_, lost_,
+                                          slot(kind, peer), epoch, dl, site);
       stats_.wait_per_peer[peer] += steady::now() - start;
       if (came) return true;
     }
@@ -319,14 +289,14 @@ class buffer {
   // `epoch` to every peer are done: stores the progress word lost-peer
   // settlement reads (see await_round), then adds 1 to the round's counter
   // at every peer not lost.
-  void end_round(wire::signal_kind kind, std::uint64_t epoch) {
+  void end_round(wire::signal_kind kind, std::uint64_t epoch, const deadline& dl) {
     std::atomic_ref(progress_word(rank_, kind)).store(epoch, std::memory_order_release);
     for (int p = 0; p < world_; ++p)
-      if (!lost_[p]) transport_.signal_add(p, slot(kind, rank_), 1);
+      if (!lost_[p]) link_.signal(producer_channel, p, slot(kind, rank_), dl);
   }
 
   void inject(fault::point at, const char* op) {
-    fault::inject(at, rank_, op, [this] { abort_transport(); });
+    fault::inject(at, rank_, op, [this] { link_.abort(); });
   }
 
   // When every rank has agreed to reject a call, each still completes the
@@ -341,15 +311,23 @@ class buffer {
     } catch (const error&) {
       guarded([&] {
         if constexpr (via_proxy)
-          for (int p = 0; p < world_; ++p)
-            enqueue(proxy::op_code::signal, p, 0, 0, 0, slot(final_round, rank_), dl);
+          push_rejection(final_round, dl);
         else
-          end_round(final_round, epoch);
+          end_round(final_round, epoch, dl);
         for (int p = 0; p < world_; ++p)
           await_round(final_round, p, epoch, dl, {op, p, "agreement to reject the call"});
       });
       throw;
     }
+  }
+
+  // RMA path: the final round of a call every rank agreed to reject, as the
+  // route pushes it for a rejected call (bare signals).
+  void push_rejection(wire::signal_kind final_round, const deadline& dl) {
+    if (final_round == wire::signal_kind::data)
+      normal_push::rows(route(dl), plan_, world_, rank_, nullptr, {}, false);
+    else
+      normal_push::combine_rows(route(dl), plan_, world_, rank_, nullptr, {}, false, false);
   }
 
   std::string validate(const dispatch_input<Token>& in, const dispatch_options& opt) const {
@@ -409,7 +387,7 @@ class buffer {
       if (lost_[p]) continue;
       const std::size_t there = plan_.notify + rank_ * plan_.notify_slot_bytes;
       const std::size_t staged = plan_.send_notify + p * plan_.notify_slot_bytes;
-      std::byte* at = outgoing(p, there, staged);
+      std::byte* at = link_.outgoing(p, there, staged);
       std::memcpy(at, &hdr, sizeof hdr);
       auto* counts = reinterpret_cast<std::int32_t*>(at + sizeof hdr);
       if (cause.empty()) {
@@ -418,11 +396,11 @@ class buffer {
       } else {
         std::copy(zeros.begin(), zeros.end(), counts);
       }
-      if constexpr (via_proxy)
-        enqueue(proxy::op_code::put_signal, p, staged, there, notify_bytes,
-                slot(wire::signal_kind::notify, rank_), dl);
     }
-    if constexpr (!via_proxy) end_round(wire::signal_kind::notify, epoch);
+    if constexpr (via_proxy)
+      normal_push::notify(route(dl), plan_, world_, rank_, notify_bytes);
+    else
+      end_round(wire::signal_kind::notify, epoch, dl);
   }
 
   // Every member's notify record; a rank outside `members` sent nothing and
@@ -430,7 +408,7 @@ class buffer {
   std::vector<peer_notify> read_notify(const std::vector<bool>& members) {
     const int per_rank = cap_.num_experts / world_;
     std::vector<peer_notify> peers(world_);
-    const std::byte* base = transport_.local_buffer().data() + plan_.notify;
+    const std::byte* base = local(plan_.notify);
     for (int s = 0; s < world_; ++s) {
       if (!members[s]) {
         peers[s].tokens_per_rank.assign(world_, 0);
@@ -448,7 +426,7 @@ class buffer {
 
   template <class T>
   T* peer_array(int peer, std::size_t offset) {
-    return reinterpret_cast<T*>(transport_.peer_ptr(peer, offset));
+    return reinterpret_cast<T*>(link_.direct_ptr(peer, offset));
   }
 
   void send_rows(const dispatch_input<Token>& in, const layout& lay, const dispatch_handle& h,
@@ -468,25 +446,27 @@ class buffer {
       std::int32_t* src;
       int base;
     };
+    // Rows for a rank this one stores into (every rank over a peer-mapped
+    // transport, itself over RMA) go to their final rows there; the others
+    // are staged by destination: rank r's rows start after those of ranks < r.
     std::vector<target> to(world_);
-    if constexpr (via_proxy) {
-      // Staged by destination: rank r's rows start after those of ranks < r.
-      std::byte* base = transport_.local_buffer().data();
-      for (int r = 0; r < world_; ++r)
-        to[r] = {reinterpret_cast<Token*>(base + plan_.send_x),
-                 reinterpret_cast<float*>(base + plan_.send_scales),
-                 reinterpret_cast<std::int64_t*>(base + plan_.send_topk_idx),
-                 reinterpret_cast<float*>(base + plan_.send_weights),
-                 reinterpret_cast<std::int32_t*>(base + plan_.send_src_idx),
-                 h.return_offset(rank_, r)};
-    } else {
-      for (int r = 0; r < world_; ++r)
+    for (int r = 0; r < world_; ++r) {
+      if (link_.direct(r)) {
         to[r] = {peer_array<Token>(r, plan_.recv_x),
                  peer_array<float>(r, plan_.recv_scales),
                  peer_array<std::int64_t>(r, plan_.recv_topk_idx),
                  peer_array<float>(r, plan_.recv_weights),
                  peer_array<std::int32_t>(r, plan_.recv_src_idx),
                  h.recv_offset(rank_, r)};
+      } else {
+        std::byte* base = local(0);
+        to[r] = {reinterpret_cast<Token*>(base + plan_.send_x),
+                 reinterpret_cast<float*>(base + plan_.send_scales),
+                 reinterpret_cast<std::int64_t*>(base + plan_.send_topk_idx),
+                 reinterpret_cast<float*>(base + plan_.send_weights),
+                 reinterpret_cast<std::int32_t*>(base + plan_.send_src_idx),
+                 h.return_offset(rank_, r)};
+      }
     }
     // Token-major: each source row is read once, while hot, for all its ranks.
     for (int t = 0; t < in.num_tokens; ++t) {
@@ -494,7 +474,7 @@ class buffer {
         const int pos = lay.position(t, r);
         if (pos < 0 || lost_[r]) continue;
         const std::size_t row = static_cast<std::size_t>(to[r].base + pos);
-        if (stage_x)
+        if (stage_x || link_.direct(r))
           std::memcpy(to[r].x + row * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
         if (nscales != 0)
           std::memcpy(to[r].scales + row * nscales, in.x_scales.data() + t * nscales,
@@ -507,50 +487,14 @@ class buffer {
         to[r].src[row] = t;
       }
     }
-    if constexpr (via_proxy)
-      put_rows(lay, h, hidden, k, nscales, stage_x, to, dl);
-    else
-      end_round(wire::signal_kind::data, dispatch_epoch_);
-  }
-
-  // RMA path of send_rows: one put per array and destination, the last one
-  // carrying the data signal. Unstaged x goes out from dispatch_send_buffer
-  // in runs: consecutive tokens bound for rank r land in consecutive rows
-  // there (rows arrive in source order), so each run is one write.
-  template <class Target>
-  void put_rows(const layout& lay, const dispatch_handle& h, std::size_t hidden, std::size_t k,
-                std::size_t nscales, bool staged_x, const std::vector<Target>& staged,
-                const deadline& dl) {
-    const std::size_t data = slot(wire::signal_kind::data, rank_);
-    for (int r = 0; r < world_; ++r) {
-      const std::size_t n = lay.tokens_per_rank[r];
-      if (n == 0) {
-        enqueue(proxy::op_code::signal, r, 0, 0, 0, data, dl);
-        continue;
-      }
-      const std::size_t from = staged[r].base;
-      const std::size_t to = h.recv_offset(rank_, r);
-      auto put = [&](proxy::op_code op, std::size_t local, std::size_t remote, std::size_t row) {
-        enqueue(op, r, local + from * row, remote + to * row, n * row, data, dl);
-      };
-      const std::size_t row_x = hidden * sizeof(Token);
-      if (staged_x)
-        put(proxy::op_code::put, plan_.send_x, plan_.recv_x, row_x);
-      else
-        for (int t = 0, end = 0; t < lay.num_tokens; t = end) {
-          end = t + 1;
-          const int pos = lay.position(t, r);
-          if (pos < 0) continue;
-          while (end < lay.num_tokens && lay.position(end, r) >= 0) ++end;
-          enqueue(proxy::op_code::put, r, plan_.send_tokens + static_cast<std::size_t>(t) * row_x,
-                  plan_.recv_x + (to + static_cast<std::size_t>(pos)) * row_x,
-                  static_cast<std::size_t>(end - t) * row_x, data, dl);
-        }
-      if (nscales != 0)
-        put(proxy::op_code::put, plan_.send_scales, plan_.recv_scales, nscales * sizeof(float));
-      put(proxy::op_code::put, plan_.send_topk_idx, plan_.recv_topk_idx, k * sizeof(std::int64_t));
-      put(proxy::op_code::put, plan_.send_weights, plan_.recv_weights, k * sizeof(float));
-      put(proxy::op_code::put_signal, plan_.send_src_idx, plan_.recv_src_idx, sizeof(std::int32_t));
+    if constexpr (via_proxy) {
+      const normal_push::row_shape rs{hidden * sizeof(Token), nscales * sizeof(float), k, 0};
+      const normal_push::x_source xs =
+          stage_x ? normal_push::x_source{}
+                  : normal_push::x_source{lay.send_pos.data(), lay.num_tokens};
+      normal_push::rows(route(dl), plan_, world_, rank_, h.count_matrix.data(), rs, true, xs);
+    } else {
+      end_round(wire::signal_kind::data, dispatch_epoch_, dl);
     }
   }
 
@@ -564,7 +508,7 @@ class buffer {
     const std::size_t hidden = in.hidden;
     const std::size_t k = in.topk;
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
-    std::byte* base = transport_.local_buffer().data();
+    std::byte* base = local(0);
     auto* idx = reinterpret_cast<std::int64_t*>(base + plan_.recv_topk_idx);
     auto* weights = reinterpret_cast<float*>(base + plan_.recv_weights);
     auto* src = reinterpret_cast<std::int32_t*>(base + plan_.recv_src_idx);
@@ -633,24 +577,22 @@ class buffer {
     hdr.with_weights = with_weights ? 1 : 0;
     hdr.in_place = in_place ? 1 : 0;
     std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
-    const std::size_t there = plan_.combine_status + rank_ * plan_.combine_status_slot_bytes;
-    if constexpr (via_proxy)
-      std::memcpy(transport_.local_buffer().data() + plan_.send_combine_status, &hdr, sizeof hdr);
-    for (int p = 0; p < world_; ++p) {
-      if constexpr (via_proxy)
-        enqueue(proxy::op_code::put_signal, p, plan_.send_combine_status, there, sizeof hdr,
-                slot(wire::signal_kind::combine_ready, rank_), dl);
-      else if (!lost_[p])
-        std::memcpy(transport_.peer_ptr(p, there), &hdr, sizeof hdr);
+    if constexpr (via_proxy) {
+      std::memcpy(local(plan_.send_combine_status), &hdr, sizeof hdr);
+      normal_push::combine_status(route(dl), plan_, world_, rank_, sizeof hdr);
+    } else {
+      const std::size_t there = plan_.combine_status + rank_ * plan_.combine_status_slot_bytes;
+      for (int p = 0; p < world_; ++p)
+        if (!lost_[p]) std::memcpy(link_.peer(p, there), &hdr, sizeof hdr);
+      end_round(wire::signal_kind::combine_ready, epoch, dl);
     }
-    if constexpr (!via_proxy) end_round(wire::signal_kind::combine_ready, epoch);
   }
 
   // Every member's combine status, once all agree that the call goes ahead;
   // a rank outside `members` counts as an ok one that left nothing in place.
   std::vector<wire::combine_header> check_combine_status(std::uint64_t epoch,
                                                          const std::vector<bool>& members) {
-    const std::byte* base = transport_.local_buffer().data() + plan_.combine_status;
+    const std::byte* base = local(plan_.combine_status);
     std::vector<wire::combine_header> all(world_);
     for (int s = 0; s < world_; ++s)
       if (members[s])
@@ -663,15 +605,14 @@ class buffer {
   // dispatch_send_buffer's tokens.
   Token* dispatch_send_area() {
     if constexpr (via_proxy)
-      return reinterpret_cast<Token*>(transport_.local_buffer().data() + plan_.send_tokens);
+      return reinterpret_cast<Token*>(local(plan_.send_tokens));
     else
       return send_tokens_.data();
   }
 
   // combine_send_buffer's rows: the in-place region, or the RMA staging area.
   combine_t* combine_y() {
-    return reinterpret_cast<combine_t*>(transport_.local_buffer().data() +
-                                        (via_proxy ? plan_.send_combine_x : plan_.combine_y));
+    return reinterpret_cast<combine_t*>(local(via_proxy ? plan_.send_combine_x : plan_.combine_y));
   }
 
   // y is exactly the span combine_send_buffer(h) gives.
@@ -688,7 +629,7 @@ class buffer {
     guarded([&] {
       for (int r = 0; r < world_; ++r)
         if (status[r].in_place && !lost_[r])
-          transport_.signal_add(r, slot(wire::signal_kind::combine_read, rank_), 1);
+          link_.signal(producer_channel, r, slot(wire::signal_kind::combine_read, rank_), dl);
       if (!in_place) return;
       ++in_place_combines_;
       // A lost source reads nothing any more.
@@ -701,7 +642,7 @@ class buffer {
   // Sends y's rows back to their sources, unless this rank left them in
   // place; the weights always go.
   void return_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place,
-                   std::uint64_t epoch) {
+                   std::uint64_t epoch, const deadline& dl) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
     const bool weights = in.topk_weights.has_value();
@@ -718,7 +659,7 @@ class buffer {
                       in.topk_weights->data() + from * k, n * k * sizeof(float));
       }
     }
-    end_round(wire::signal_kind::combine_data, epoch);
+    end_round(wire::signal_kind::combine_data, epoch, dl);
   }
 
   // RMA path of return_rows: y's rows, in receive order, are staged once
@@ -732,7 +673,7 @@ class buffer {
     const std::size_t k = h.topk;
     const std::size_t rows = h.num_recv_tokens;
     const bool weights = in.topk_weights.has_value();
-    std::byte* base = transport_.local_buffer().data();
+    std::byte* base = local(0);
     if (rows != 0) {
       if (!in_place)
         std::memcpy(base + plan_.send_combine_x, in.y.data(), rows * hidden * sizeof(combine_t));
@@ -740,28 +681,16 @@ class buffer {
         std::memcpy(base + plan_.send_combine_weights, in.topk_weights->data(),
                     rows * k * sizeof(float));
     }
-    const std::size_t done = slot(wire::signal_kind::combine_data, rank_);
-    for (int s = 0; s < world_; ++s) {
-      const std::size_t n = h.sent(s, rank_);
-      if (n == 0) {
-        enqueue(proxy::op_code::signal, s, 0, 0, 0, done, dl);
-        continue;
-      }
-      const std::size_t from = h.recv_offset(s, rank_);
-      const std::size_t to = h.return_offset(s, rank_);
-      const std::size_t row_x = hidden * sizeof(combine_t);
-      const std::size_t row_w = k * sizeof(float);
-      // This rank's own rows stay in the staging area: reduce reads them there.
-      if (s == rank_ && !weights)
-        enqueue(proxy::op_code::signal, s, 0, 0, 0, done, dl);
-      else if (s != rank_)
-        enqueue(weights ? proxy::op_code::put : proxy::op_code::put_signal, s,
-                plan_.send_combine_x + from * row_x, plan_.combine_x + to * row_x, n * row_x, done,
-                dl);
-      if (weights)
-        enqueue(proxy::op_code::put_signal, s, plan_.send_combine_weights + from * row_w,
-                plan_.combine_weights + to * row_w, n * row_w, done, dl);
-    }
+    // This rank's own rows stay in the staging area, where reduce reads
+    // them; its weights go to their final rows, as another rank's would.
+    const std::size_t own = h.sent(rank_, rank_);
+    if (weights && own != 0)
+      std::memcpy(local(plan_.combine_weights) + h.return_offset(rank_, rank_) * k * sizeof(float),
+                  in.topk_weights->data() + h.recv_offset(rank_, rank_) * k,
+                  own * k * sizeof(float));
+    const normal_push::row_shape rs{0, 0, k, hidden * sizeof(combine_t)};
+    normal_push::combine_rows(route(dl), plan_, world_, rank_, h.count_matrix.data(), rs, weights,
+                              true);
   }
 
   // Token t's row from rank r: in this rank's combine region, where r
@@ -774,7 +703,7 @@ class buffer {
               std::span<combine_t> out_x, std::span<float> out_weights) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
-    const std::byte* base = transport_.local_buffer().data();
+    const std::byte* base = local(0);
     const auto* wrows = reinterpret_cast<const float*>(base + plan_.combine_weights);
     std::vector<int> first(world_);
     std::vector<const combine_t*> rows(world_);
@@ -786,7 +715,7 @@ class buffer {
           rows[r] = reinterpret_cast<const combine_t*>(base + plan_.send_combine_x) +
                     static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
       } else if (status[r].in_place) {
-        rows[r] = reinterpret_cast<const combine_t*>(transport_.peer_ptr(r, plan_.combine_y)) +
+        rows[r] = reinterpret_cast<const combine_t*>(link_.peer(r, plan_.combine_y)) +
                   static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
       }
     }
@@ -820,14 +749,13 @@ class buffer {
   std::chrono::milliseconds timeout_;
   wire::capacity cap_;
   wire::region_plan plan_;
-  Transport transport_;
-  proxy_type proxy_;  // after transport_: it stops before the transport closes
+  host_link<Transport> link_;
   bool mask_lost_ranks_;
   std::vector<bool> lost_;  // peers found gone (mask_lost_ranks); never cleared
   std::uint64_t dispatch_epoch_ = 0;
   std::uint64_t combine_epoch_ = 0;
   std::uint64_t in_place_combines_ = 0;  // combines whose rows this rank left in place
-  std::optional<std::string> broken_;
+  call_guard guard_;
   buffer_stats stats_{std::vector<std::chrono::nanoseconds>(world_)};
   std::vector<Token> send_tokens_;  // dispatch_send_buffer over a peer-mapped transport
 };

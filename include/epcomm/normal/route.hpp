@@ -1,20 +1,19 @@
-// How the normal-mode kernels reach other ranks over an RMA transport
-// (libfabric, UCX), where they cannot store into peers: they write what
-// leaves the rank into the staging regions of its own buffer
-// (wire::region_plan's send_*), laid out as the host engine's RMA path lays
-// them out, and one thread of the phase's last block hands the puts to the
-// proxy through a proxy::channel, the ones the host engine issues
-// (normal/buffer.hpp): a notify slot and a combine status per peer with its signal,
-// per destination one put per array of its rows (x, scales, top-k ids,
-// weights) and the source indices with the data signal, per source its
-// returned rows (and weights) with the combine signal. Rows for the rank
-// itself are stored in place; its signals go through the proxy too, because
-// its counters are the transport's, in host memory.
+// Normal mode's route over an RMA transport (libfabric, UCX), written once
+// for the host engine (normal/buffer.hpp) and the kernels (normal/cuda/):
+// which bytes of a rank's symmetric buffer are put where in a peer's, in
+// which order, with which counted signal. A rank writes what leaves it into
+// the staging regions of its own buffer (wire::region_plan's send_*) and
+// pushes these descriptors to its proxy; rows for itself it stores in place,
+// and only signals itself (its counters are the transport's, in host
+// memory, so even that signal goes through the proxy).
 //
-// The pushes take any channel-like pusher. A kernel passes a
+// The pushes take any channel-like pusher: a kernel passes a
 // proxy::channel_writer (channel::writer()), one per run of pushes, which
-// reads the ring's shared words over PCIe only when it must; the host tests
-// replay the same templates against simulated rank buffers (tests/normal/test_cuda_normal_route.cpp).
+// reads the ring's shared words over PCIe only when it must; the host engine
+// passes the proxy engine's writer (proxy::engine_writer). The host tests
+// replay the same templates against simulated rank buffers
+// (tests/normal/test_cuda_normal_route.cpp), and the host engine's suites run
+// them over libfabric and UCX.
 #pragma once
 
 #include <cstddef>
@@ -23,12 +22,13 @@
 
 #include "epcomm/core/config.hpp"
 #include "epcomm/normal/count_matrix.hpp"
+#include "epcomm/normal/wire.hpp"
 #include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/push_or_return.hpp"
-#include "epcomm/normal/wire.hpp"
 
 namespace epcomm::cuda {
 
+// What a normal-mode kernel pushes through.
 struct normal_route {
   int via_proxy;         // 0: peer-mapped stores; channels unused
   proxy::channel data;   // one producer: the kernels of a call are stream-ordered
@@ -37,17 +37,31 @@ struct normal_route {
 
 static_assert(std::is_trivially_copyable_v<normal_route>);
 
+}  // namespace epcomm::cuda
+
 // Each push function pushes its descriptors in order and stops at the first
 // status other than ok, which it returns.
-namespace normal_push {
+namespace epcomm::normal_push {
 
 // The sizes of one call's rows, as the wire lays them out: packed with the
 // call's hidden and top-k, not the buffer's maxima.
 struct row_shape {
   std::size_t x;       // hidden * token bytes
-  std::size_t scales;  // hidden / 128 floats (fp8), else 0
+  std::size_t scales;  // (hidden / 128) * sizeof(float) (fp8), else 0
   std::size_t topk;    // K
   std::size_t out;     // hidden * combine element bytes
+};
+
+// Where dispatch's x rows leave from. Staged (positions null): by
+// destination in send_x, like the other arrays. Unstaged: the caller wrote
+// its tokens into send_tokens (the host engine's dispatch_send_buffer), in
+// token order; positions[t * world + r] is token t's row among those sent
+// to r, or -1 (layout::send_pos). A run of consecutive tokens bound for one
+// rank lands in consecutive rows there (rows keep source order), so each
+// run is one put.
+struct x_source {
+  const int* positions = nullptr;
+  int num_tokens = 0;
 };
 
 // The notify round: this rank's staged slot for each peer (send_notify, one
@@ -73,14 +87,32 @@ EPCOMM_HD proxy::channel_status combine_status(Channel&& ch, const wire::region_
   return proxy::channel_status::ok;
 }
 
+// x's rows for destination r from x_source's runs, each one put.
+template <class Channel>
+EPCOMM_HD proxy::channel_status x_runs(Channel&& ch, const wire::region_plan& pl, int world, int r,
+                                       std::size_t to, std::size_t row_x, const x_source& xs) {
+  for (int t = 0, end = 0; t < xs.num_tokens; t = end) {
+    end = t + 1;
+    const int pos = xs.positions[static_cast<std::size_t>(t) * world + r];
+    if (pos < 0) continue;
+    while (end < xs.num_tokens && xs.positions[static_cast<std::size_t>(end) * world + r] >= 0)
+      ++end;
+    EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_tokens + static_cast<std::size_t>(t) * row_x,
+                                 pl.recv_x + (to + static_cast<std::size_t>(pos)) * row_x,
+                                 static_cast<std::size_t>(end - t) * row_x));
+  }
+  return proxy::channel_status::ok;
+}
+
 // Dispatch rows: per destination with rows (not this rank: stored there
-// directly), one put per array from the staged rows to their final rows,
-// the source indices last with the data signal; a bare signal where there
-// are none, or for every rank when the call was rejected (the agreement to
-// reject). counts: the count matrix of the notify round.
+// directly), one put per array from the staged rows to their final rows
+// (x from `xs`), the source indices last with the data signal; a bare
+// signal where there are none, or for every rank when the call was rejected
+// (the agreement to reject). counts: the count matrix of the notify round.
 template <class Channel>
 EPCOMM_HD proxy::channel_status rows(Channel&& ch, const wire::region_plan& pl, int world, int rank,
-                                     const int* counts, const row_shape& rs, bool accepted) {
+                                     const int* counts, const row_shape& rs, bool accepted,
+                                     const x_source& xs = {}) {
   const std::size_t data = wire::signal_slot(wire::signal_kind::data, rank, world);
   for (int r = 0; r < world; ++r) {
     const std::size_t n = accepted ? static_cast<std::size_t>(counts[rank * world + r]) : 0;
@@ -92,7 +124,10 @@ EPCOMM_HD proxy::channel_status rows(Channel&& ch, const wire::region_plan& pl, 
     const std::size_t to = static_cast<std::size_t>(recv_offset(counts, world, rank, r));
     const std::size_t idx = rs.topk * sizeof(std::int64_t);
     const std::size_t w = rs.topk * sizeof(float);
-    EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_x + from * rs.x, pl.recv_x + to * rs.x, n * rs.x));
+    if (xs.positions == nullptr)
+      EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_x + from * rs.x, pl.recv_x + to * rs.x, n * rs.x));
+    else
+      EPCOMM_PUSH_OR_RETURN(x_runs(ch, pl, world, r, to, rs.x, xs));
     if (rs.scales != 0)
       EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_scales + from * rs.scales,
                                    pl.recv_scales + to * rs.scales, n * rs.scales));
@@ -138,5 +173,4 @@ EPCOMM_HD proxy::channel_status combine_rows(Channel&& ch, const wire::region_pl
   return proxy::channel_status::ok;
 }
 
-}  // namespace normal_push
-}  // namespace epcomm::cuda
+}  // namespace epcomm::normal_push

@@ -35,6 +35,7 @@
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/failure_latch.hpp"
 #include "epcomm/core/spin_wait.hpp"
+#include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/ring.hpp"
 #include "epcomm/transport/concepts.hpp"
 
@@ -50,6 +51,45 @@ struct engine_options {
   std::chrono::microseconds max_idle_sleep{50};
   // How long destruction waits for descriptors still in flight.
   std::chrono::milliseconds drain_timeout{5'000};
+};
+
+template <has_completion_count T>
+class engine;
+
+// A host producer's handle with the calls of a kernel's channel_writer
+// (put, put_signal, signal, flush), so that the code that decides what to
+// push is written once for both (normal/route.hpp, low_latency/route.hpp).
+// Each call pushes through engine::push, which throws the proxy's error or
+// a deadline error; a call that returns has pushed, and returns ok.
+template <has_completion_count T>
+class engine_writer {
+ public:
+  engine_writer(engine<T>& e, int channel, const deadline& dl)
+      : e_(e), channel_(channel), dl_(dl) {}
+
+  channel_status put(int peer, std::uint64_t local_offset, std::uint64_t remote_offset,
+                     std::uint64_t bytes) {
+    return push(op_code::put, peer, local_offset, remote_offset, bytes, 0, 0);
+  }
+  channel_status put_signal(int peer, std::uint64_t local_offset, std::uint64_t remote_offset,
+                            std::uint64_t bytes, std::uint64_t slot, std::uint64_t n) {
+    return push(op_code::put_signal, peer, local_offset, remote_offset, bytes, slot, n);
+  }
+  channel_status signal(int peer, std::uint64_t slot, std::uint64_t n) {
+    return push(op_code::signal, peer, 0, 0, 0, slot, n);
+  }
+  channel_status flush(int peer) { return push(op_code::flush, peer, 0, 0, 0, 0, 0); }
+
+ private:
+  channel_status push(op_code op, int peer, std::uint64_t local_offset, std::uint64_t remote_offset,
+                      std::uint64_t bytes, std::uint64_t slot, std::uint64_t n) {
+    e_.push(channel_, op, peer, local_offset, remote_offset, bytes, slot, n, dl_);
+    return channel_status::ok;
+  }
+
+  engine<T>& e_;
+  int channel_;
+  deadline dl_;
 };
 
 template <has_completion_count T>
@@ -114,6 +154,9 @@ class engine {
                       " stayed full (" + std::to_string(r.header->capacity) +
                       " descriptors in flight)");
   }
+
+  // Host producer of `channel`: push() behind a channel_writer's interface.
+  engine_writer<T> writer(int channel, const deadline& dl) { return {*this, channel, dl}; }
 
   // Host producer of `channel`: returns once every descriptor it pushed is
   // complete, so the bytes they read may be overwritten.
