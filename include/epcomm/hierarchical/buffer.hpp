@@ -51,7 +51,7 @@
 #include "epcomm/core/topology.hpp"
 #include "epcomm/hierarchical/link.hpp"
 #include "epcomm/hierarchical/wire.hpp"
-#include "epcomm/host/call_guard.hpp"
+#include "epcomm/core/call_guard.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/normal/arguments.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
@@ -291,7 +291,7 @@ requires peer_mapped_transport<Intra> &&
     inter_.abort(culprit);
   }
 
-  // See host/call_guard.hpp: a failed call breaks the buffer and gives up on both
+  // See core/call_guard.hpp: a failed call breaks the buffer and gives up on both
   // groups.
   template <class F>
   void guarded(F&& f) {

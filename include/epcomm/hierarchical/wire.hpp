@@ -146,24 +146,15 @@ EPCOMM_HD constexpr node_plan plan_node(const capacity& c, int nodes) {
   const std::size_t n = static_cast<std::size_t>(c.max_recv_tokens);
   const std::size_t h = static_cast<std::size_t>(c.max_hidden);
   const std::size_t k = static_cast<std::size_t>(c.max_topk);
-  std::size_t at = 0;
-  auto take = [&at](std::size_t bytes) {
-    const std::size_t here = at;
-    at = align_up(at + bytes);
-    return here;
-  };
+  carver regions;
   p.notify_slot_bytes = align_up(notify_record_bytes(c, nodes), 64);
-  p.notify = take(p.notify_slot_bytes * c.world_size);
+  p.notify = regions.take(p.notify_slot_bytes * c.world_size);
   p.combine_status_slot_bytes = align_up(sizeof(combine_header), 64);
-  p.combine_status = take(p.combine_status_slot_bytes * c.world_size);
-  p.recv_x = take(n * h * c.token_bytes);
-  p.recv_scales = take(c.has_scales ? n * (h / 128) * sizeof(float) : 0);
-  p.recv_topk_idx = take(n * k * sizeof(std::int64_t));
-  p.recv_weights = take(n * k * sizeof(float));
-  p.recv_src_idx = take(n * sizeof(std::int32_t));
-  p.staged_y = take(n * h * c.combine_bytes);
-  p.staged_weights = take(n * k * sizeof(float));
-  p.total = at;
+  p.combine_status = regions.take(p.combine_status_slot_bytes * c.world_size);
+  take_received_rows(p, regions, c, n);
+  p.staged_y = regions.take(n * h * c.combine_bytes);
+  p.staged_weights = regions.take(n * k * sizeof(float));
+  p.total = regions.at();
   return p;
 }
 
@@ -175,47 +166,42 @@ EPCOMM_HD constexpr rail_plan plan_rail(const capacity& c, int nodes, int ranks_
   const std::size_t h = static_cast<std::size_t>(c.max_hidden);
   const std::size_t k = static_cast<std::size_t>(c.max_topk);
   const std::size_t scales = c.has_scales ? h / 128 : 0;
-  std::size_t at = 0;
-  auto take = [&at](std::size_t bytes) {
-    const std::size_t here = at;
-    at = align_up(at + bytes);
-    return here;
-  };
+  carver regions;
   p.notify_slot_bytes = align_up(notify_record_bytes(c, nodes), 64);
-  p.notify = take(p.notify_slot_bytes * nodes);
+  p.notify = regions.take(p.notify_slot_bytes * nodes);
   p.status_masks = align_up(sizeof(combine_header), 64);
   p.status_slot_bytes =
       align_up(p.status_masks + (1 + t * mask_words(ranks_per_node)) * sizeof(std::uint64_t), 64);
-  p.status = take(p.status_slot_bytes * nodes);
-  const std::size_t shared_at = at;
-  p.relay_x = take(blocks * h * c.token_bytes);
-  p.relay_scales = take(blocks * scales * sizeof(float));
-  p.relay_topk_idx = take(blocks * k * sizeof(std::int64_t));
-  p.relay_weights = take(blocks * k * sizeof(float));
-  p.relay_src_idx = take(blocks * sizeof(std::int32_t));
-  std::size_t end = at;
-  at = shared_at;
-  p.partial_x = take(blocks * h * sizeof(float));
-  p.partial_weights = take(blocks * k * sizeof(float));
-  if (at < end) at = end;
+  p.status = regions.take(p.status_slot_bytes * nodes);
+  const std::size_t shared_at = regions.at();
+  p.relay_x = regions.take(blocks * h * c.token_bytes);
+  p.relay_scales = regions.take(blocks * scales * sizeof(float));
+  p.relay_topk_idx = regions.take(blocks * k * sizeof(std::int64_t));
+  p.relay_weights = regions.take(blocks * k * sizeof(float));
+  p.relay_src_idx = regions.take(blocks * sizeof(std::int32_t));
+  std::size_t end = regions.at();
+  regions.back_to(shared_at);
+  p.partial_x = regions.take(blocks * h * sizeof(float));
+  p.partial_weights = regions.take(blocks * k * sizeof(float));
+  regions.past(end);
   if (staging) {
-    p.send_notify = take(p.notify_slot_bytes);
-    p.send_status = take(p.status_slot_bytes * nodes);
+    p.send_notify = regions.take(p.notify_slot_bytes);
+    p.send_status = regions.take(p.status_slot_bytes * nodes);
     const std::size_t relay = max_relay_rows(c, nodes);
     const std::size_t partial = static_cast<std::size_t>(nodes - 1) * t;
-    const std::size_t rows_at = at;
-    p.send_relay_x = take(relay * h * c.token_bytes);
-    p.send_relay_scales = take(relay * scales * sizeof(float));
-    p.send_relay_topk_idx = take(relay * k * sizeof(std::int64_t));
-    p.send_relay_weights = take(relay * k * sizeof(float));
-    p.send_relay_src_idx = take(relay * sizeof(std::int32_t));
-    end = at;
-    at = rows_at;
-    p.send_partial_x = take(partial * h * sizeof(float));
-    p.send_partial_weights = take(partial * k * sizeof(float));
-    if (at < end) at = end;
+    const std::size_t rows_at = regions.at();
+    p.send_relay_x = regions.take(relay * h * c.token_bytes);
+    p.send_relay_scales = regions.take(relay * scales * sizeof(float));
+    p.send_relay_topk_idx = regions.take(relay * k * sizeof(std::int64_t));
+    p.send_relay_weights = regions.take(relay * k * sizeof(float));
+    p.send_relay_src_idx = regions.take(relay * sizeof(std::int32_t));
+    end = regions.at();
+    regions.back_to(rows_at);
+    p.send_partial_x = regions.take(partial * h * sizeof(float));
+    p.send_partial_weights = regions.take(partial * k * sizeof(float));
+    regions.past(end);
   }
-  p.total = at;
+  p.total = regions.at();
   return p;
 }
 

@@ -68,7 +68,7 @@
 #include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/layout.hpp"
 #include "epcomm/core/token_types.hpp"
-#include "epcomm/host/call_guard.hpp"
+#include "epcomm/core/call_guard.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/host/link.hpp"
 #include "epcomm/host/lost_ranks.hpp"
@@ -317,7 +317,7 @@ class low_latency_buffer {
   }
 
   // A transport failure (deadline, lost peer) or a protocol violation
-  // breaks the buffer and aborts the transport (host/call_guard.hpp).
+  // breaks the buffer and aborts the transport (core/call_guard.hpp).
   template <class F>
   void guarded(F&& f) {
     guard_.run(std::forward<F>(f), [this](int culprit) { link_.abort(culprit); });

@@ -152,35 +152,30 @@ EPCOMM_HD constexpr plan plan_buffer(const shape& s, bool staging = false) {
   const std::size_t k = static_cast<std::size_t>(s.max_topk);
   const std::size_t h = static_cast<std::size_t>(s.hidden);
   const std::size_t rows = el * r * t;  // packed output rows over all local experts
-  std::size_t at = 0;
-  auto take = [&at](std::size_t bytes) {
-    const std::size_t here = at;
-    at = align_up(at + bytes);
-    return here;
-  };
-  p.dispatch_counts = take(el * r * sizeof(count_word));
-  p.combine_counts = take(r * sizeof(count_word));
-  p.rejects = take(2 * r * sizeof(reject_record));
-  p.dispatch_recv = take(el * r * t * record_bytes(s));
-  p.combine_recv = take(t * k * h * 2);
-  p.combine_send = take(rows * h * 2);
-  p.recv_x = take(rows * h * s.wire_bytes);
-  p.recv_scales = take(rows * s.scales_per_token() * sizeof(float));
-  p.recv_src = take(rows * sizeof(source));
-  p.recv_range = take(el * r * sizeof(range));
-  p.recv_count = take(el * sizeof(std::int32_t));
-  p.sent_topk_idx = take(t * k * sizeof(std::int64_t));
-  p.combine_weights = take(t * k * sizeof(float));
-  p.combine_out = take(t * h * 2);
+  carver regions;
+  p.dispatch_counts = regions.take(el * r * sizeof(count_word));
+  p.combine_counts = regions.take(r * sizeof(count_word));
+  p.rejects = regions.take(2 * r * sizeof(reject_record));
+  p.dispatch_recv = regions.take(el * r * t * record_bytes(s));
+  p.combine_recv = regions.take(t * k * h * 2);
+  p.combine_send = regions.take(rows * h * 2);
+  p.recv_x = regions.take(rows * h * s.wire_bytes);
+  p.recv_scales = regions.take(rows * s.scales_per_token() * sizeof(float));
+  p.recv_src = regions.take(rows * sizeof(source));
+  p.recv_range = regions.take(el * r * sizeof(range));
+  p.recv_count = regions.take(el * sizeof(std::int32_t));
+  p.sent_topk_idx = regions.take(t * k * sizeof(std::int64_t));
+  p.combine_weights = regions.take(t * k * sizeof(float));
+  p.combine_out = regions.take(t * h * 2);
   if (staging) {
     const std::size_t e = static_cast<std::size_t>(s.num_experts);
-    p.send_records = take(e * t * record_bytes(s));
-    p.send_dispatch_counts = take(e * sizeof(count_word));
-    p.send_combine_counts = take(r * sizeof(count_word));
-    p.send_rejects = take(2 * sizeof(reject_record));
+    p.send_records = regions.take(e * t * record_bytes(s));
+    p.send_dispatch_counts = regions.take(e * sizeof(count_word));
+    p.send_combine_counts = regions.take(r * sizeof(count_word));
+    p.send_rejects = regions.take(2 * sizeof(reject_record));
   }
-  p.parity_bytes = at;
-  p.total = at * parities;
+  p.parity_bytes = regions.at();
+  p.total = regions.at() * parities;
   return p;
 }
 

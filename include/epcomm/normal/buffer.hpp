@@ -45,7 +45,7 @@
 #include "epcomm/core/layout.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/core/topology.hpp"
-#include "epcomm/host/call_guard.hpp"
+#include "epcomm/core/call_guard.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/host/link.hpp"
 #include "epcomm/host/lost_ranks.hpp"
@@ -255,7 +255,7 @@ class buffer {
 
   void ensure_usable(const char* op) const { guard_.check(rank_, op, link_.aborted()); }
 
-  // See host/call_guard.hpp: a failed call breaks the buffer and aborts the group.
+  // See core/call_guard.hpp: a failed call breaks the buffer and aborts the group.
   template <class F>
   void guarded(F&& f) {
     guard_.run(std::forward<F>(f), [this](int culprit) { link_.abort(culprit); });

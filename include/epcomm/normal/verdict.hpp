@@ -22,6 +22,44 @@
 
 namespace epcomm {
 
+// Whether a slot's header is of the call with `epoch` (a notify header also
+// carries the magic, so that a slot never written reads as another call's).
+EPCOMM_HD inline bool of_call(const wire::notify_header& h, std::uint64_t epoch) {
+  return h.magic == wire::magic && h.epoch == epoch;
+}
+EPCOMM_HD inline bool of_call(const wire::combine_header& h, std::uint64_t epoch) {
+  return h.epoch == epoch;
+}
+
+// What both rounds check first: every member's header is of this call
+// (else `mismatch`, with the epochs) and accepted its input. Returns the
+// first member, or -1 when there is none or a check failed (r says which).
+EPCOMM_HD_TEMPLATE
+template <class Slots>
+EPCOMM_HD int judge_members(const Slots& slots, int world, int rank, std::uint64_t epoch,
+                            cuda::failure mismatch, cuda::report& r) {
+  int first = -1;
+  for (int s = 0; s < world; ++s) {
+    if (!slots.takes_part(s)) continue;
+    if (first < 0) first = s;
+    const auto& h = slots.header(s);
+    if (!of_call(h, epoch)) {
+      r.code = mismatch;
+      r.peer = s;
+      r.expected = static_cast<std::int64_t>(epoch);
+      r.seen = static_cast<std::int64_t>(h.epoch);
+      return -1;
+    }
+    if (h.state != wire::status::ok) {
+      r.code = s == rank ? cuda::failure::invalid_input : cuda::failure::peer_invalid_input;
+      r.peer = s == rank ? no_peer : s;
+      cause_text(r.cause, wire::cause_bytes) << h.cause;
+      return -1;
+    }
+  }
+  return first;
+}
+
 // The notify round of one call as the verdict reads it. Slots has
 // header(s) (rank s's wire::notify_header), count(s, r) (the tokens s sends
 // to r) and takes_part(s): false for a rank masked out of the call
@@ -34,25 +72,7 @@ template <class Slots>
 EPCOMM_HD void judge_notify_round(const Slots& slots, int world, int rank, std::uint64_t epoch,
                                   int max_recv_tokens, cuda::report& r) {
   using cuda::failure;
-  int first = -1;
-  for (int s = 0; s < world; ++s) {
-    if (!slots.takes_part(s)) continue;
-    if (first < 0) first = s;
-    const wire::notify_header& h = slots.header(s);
-    if (h.magic != wire::magic || h.epoch != epoch) {
-      r.code = failure::notify_mismatch;
-      r.peer = s;
-      r.expected = static_cast<std::int64_t>(epoch);
-      r.seen = static_cast<std::int64_t>(h.epoch);
-      return;
-    }
-    if (h.state != wire::status::ok) {
-      r.code = s == rank ? failure::invalid_input : failure::peer_invalid_input;
-      r.peer = s == rank ? no_peer : s;
-      cause_text(r.cause, wire::cause_bytes) << h.cause;
-      return;
-    }
-  }
+  const int first = judge_members(slots, world, rank, epoch, failure::notify_mismatch, r);
   if (first < 0) return;
   const wire::notify_header& ref = slots.header(first);
   for (int s = first + 1; s < world; ++s) {
@@ -95,25 +115,7 @@ template <class Slots>
 EPCOMM_HD void judge_combine_round(const Slots& slots, int world, int rank, std::uint64_t epoch,
                                    cuda::report& r) {
   using cuda::failure;
-  int first = -1;
-  for (int s = 0; s < world; ++s) {
-    if (!slots.takes_part(s)) continue;
-    if (first < 0) first = s;
-    const wire::combine_header& h = slots.header(s);
-    if (h.epoch != epoch) {
-      r.code = failure::combine_mismatch;
-      r.peer = s;
-      r.expected = static_cast<std::int64_t>(epoch);
-      r.seen = static_cast<std::int64_t>(h.epoch);
-      return;
-    }
-    if (h.state != wire::status::ok) {
-      r.code = s == rank ? failure::invalid_input : failure::peer_invalid_input;
-      r.peer = s == rank ? no_peer : s;
-      cause_text(r.cause, wire::cause_bytes) << h.cause;
-      return;
-    }
-  }
+  const int first = judge_members(slots, world, rank, epoch, failure::combine_mismatch, r);
   for (int s = first + 1; first >= 0 && s < world; ++s) {
     if (slots.takes_part(s) && slots.header(s).with_weights != slots.header(first).with_weights) {
       r.code = failure::weights_mismatch;

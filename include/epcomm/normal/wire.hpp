@@ -124,6 +124,21 @@ struct region_plan {
   std::size_t total;
 };
 
+// The arrays of `n` received rows (recv_x, recv_scales, recv_topk_idx,
+// recv_weights, recv_src_idx), in this order: normal mode's plan and the
+// hierarchical engine's node plan (hierarchical/wire.hpp) lay them out alike.
+template <class Plan>
+EPCOMM_HD constexpr void take_received_rows(Plan& p, carver& regions, const capacity& c,
+                                            std::size_t n) {
+  const std::size_t h = static_cast<std::size_t>(c.max_hidden);
+  const std::size_t k = static_cast<std::size_t>(c.max_topk);
+  p.recv_x = regions.take(n * h * c.token_bytes);
+  p.recv_scales = regions.take(c.has_scales ? n * (h / 128) * sizeof(float) : 0);
+  p.recv_topk_idx = regions.take(n * k * sizeof(std::int64_t));
+  p.recv_weights = regions.take(n * k * sizeof(float));
+  p.recv_src_idx = regions.take(n * sizeof(std::int32_t));
+}
+
 EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = false,
                                              bool in_place_combine = false) {
   region_plan p{};
@@ -132,44 +147,36 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
   const std::size_t h = static_cast<std::size_t>(c.max_hidden);
   const std::size_t k = static_cast<std::size_t>(c.max_topk);
   const std::size_t local_experts = static_cast<std::size_t>(c.num_experts / c.world_size);
-  std::size_t at = 0;
-  auto take = [&at](std::size_t bytes) {
-    const std::size_t here = at;
-    at = align_up(at + bytes);
-    return here;
-  };
+  carver regions;
   p.notify_slot_bytes =
       align_up(sizeof(notify_header) + sizeof(std::int32_t) * (c.world_size + local_experts), 64);
-  p.notify = take(p.notify_slot_bytes * c.world_size);
+  p.notify = regions.take(p.notify_slot_bytes * c.world_size);
   p.combine_status_slot_bytes = align_up(sizeof(combine_header), 64);
-  p.combine_status = take(p.combine_status_slot_bytes * c.world_size);
-  p.recv_x = take(n * h * c.token_bytes);
-  p.recv_scales = take(c.has_scales ? n * (h / 128) * sizeof(float) : 0);
-  p.recv_topk_idx = take(n * k * sizeof(std::int64_t));
-  p.recv_weights = take(n * k * sizeof(float));
-  p.recv_src_idx = take(n * sizeof(std::int32_t));
-  p.combine_x = take(rows * h * c.combine_bytes);
-  p.combine_weights = take(rows * k * sizeof(float));
-  if (in_place_combine) p.combine_y = take(n * h * c.combine_bytes);
+  p.combine_status = regions.take(p.combine_status_slot_bytes * c.world_size);
+  take_received_rows(p, regions, c, n);
+  p.combine_x = regions.take(rows * h * c.combine_bytes);
+  p.combine_weights = regions.take(rows * k * sizeof(float));
+  if (in_place_combine) p.combine_y = regions.take(n * h * c.combine_bytes);
   if (staging) {
-    p.send_notify = take(p.notify_slot_bytes * c.world_size);
-    p.send_combine_status = take(p.combine_status_slot_bytes);
-    const std::size_t rows_at = at;
-    p.send_x = take(rows * h * c.token_bytes);
-    p.send_scales = take(c.has_scales ? rows * (h / 128) * sizeof(float) : 0);
-    p.send_topk_idx = take(rows * k * sizeof(std::int64_t));
-    p.send_weights = take(rows * k * sizeof(float));
-    p.send_src_idx = take(rows * sizeof(std::int32_t));
-    const std::size_t dispatch_end = at;
-    at = rows_at;
-    p.send_combine_x = take(n * h * c.combine_bytes);
-    p.send_combine_weights = take(n * k * sizeof(float));
-    if (at < dispatch_end) at = dispatch_end;
-    p.send_tokens = take(static_cast<std::size_t>(c.max_tokens_per_rank) * h * c.token_bytes);
+    p.send_notify = regions.take(p.notify_slot_bytes * c.world_size);
+    p.send_combine_status = regions.take(p.combine_status_slot_bytes);
+    const std::size_t rows_at = regions.at();
+    p.send_x = regions.take(rows * h * c.token_bytes);
+    p.send_scales = regions.take(c.has_scales ? rows * (h / 128) * sizeof(float) : 0);
+    p.send_topk_idx = regions.take(rows * k * sizeof(std::int64_t));
+    p.send_weights = regions.take(rows * k * sizeof(float));
+    p.send_src_idx = regions.take(rows * sizeof(std::int32_t));
+    const std::size_t dispatch_end = regions.at();
+    regions.back_to(rows_at);
+    p.send_combine_x = regions.take(n * h * c.combine_bytes);
+    p.send_combine_weights = regions.take(n * k * sizeof(float));
+    regions.past(dispatch_end);
+    p.send_tokens =
+        regions.take(static_cast<std::size_t>(c.max_tokens_per_rank) * h * c.token_bytes);
   }
   // Last, so that no other array moves for it.
-  p.progress = take(sizeof(std::uint64_t) * static_cast<std::size_t>(signal_kind::count));
-  p.total = at;
+  p.progress = regions.take(sizeof(std::uint64_t) * static_cast<std::size_t>(signal_kind::count));
+  p.total = regions.at();
   return p;
 }
 

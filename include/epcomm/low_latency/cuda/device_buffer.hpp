@@ -41,22 +41,23 @@
 #include <type_traits>
 
 #include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/core/cuda_check.hpp"
+#include "epcomm/core/deadline.hpp"
+#include "epcomm/core/error.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/cuda/device_calls.hpp"
 #include "epcomm/cuda/device_link.hpp"
+#include "epcomm/host/require_peer_mapped.hpp"
+#include "epcomm/low_latency/arguments.hpp"
 #include "epcomm/low_latency/cuda/checks.hpp"
 #include "epcomm/low_latency/cuda/launch.hpp"
 #include "epcomm/low_latency/cuda/registry.hpp"
-#include "epcomm/low_latency/report.hpp"
-#include "epcomm/transport/peer_table.hpp"
-#include "epcomm/core/cuda_check.hpp"
-#include "epcomm/core/deadline.hpp"
-#include "epcomm/core/spin_wait.hpp"
-#include "epcomm/core/error.hpp"
-#include "epcomm/low_latency/arguments.hpp"
-#include "epcomm/low_latency/wire.hpp"
-#include "epcomm/transport/rma/symmetric_memory.hpp"
 #include "epcomm/low_latency/receive_hook.hpp"
-#include "epcomm/host/require_peer_mapped.hpp"
-#include "epcomm/core/token_types.hpp"
+#include "epcomm/low_latency/report.hpp"
+#include "epcomm/low_latency/wire.hpp"
+#include "epcomm/transport/peer_table.hpp"
+#include "epcomm/transport/rma/symmetric_memory.hpp"
 
 namespace epcomm::cuda {
 
@@ -136,16 +137,12 @@ class low_latency_device_buffer {
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         // A channel per parity, and one for the abort relay.
         link_(boot, plan_.total, ll_device_signal_slots(shape_), timeout_, rma_memory,
-              wire::ll::parities + 1) {
+              wire::ll::parities + 1),
+        calls_(rank_, timeout_) {
     if constexpr (!via_proxy)
       require_peer_mapped(link_.transport(), rank_, world_, "low_latency_buffer",
                           "the device path needs every rank in one NVLink domain");
-    try {
-      allocate_workspace();
-    } catch (...) {
-      release();
-      throw;
-    }
+    allocate_workspace();
   }
 
   low_latency_device_buffer(const low_latency_device_buffer&) = delete;
@@ -156,7 +153,6 @@ class low_latency_device_buffer {
   // endpoint does not close under them.
   ~low_latency_device_buffer() {
     if constexpr (via_proxy) await_last_releases();
-    release();
   }
 
   int rank() const { return rank_; }
@@ -174,7 +170,7 @@ class low_latency_device_buffer {
   // The send phase only; run the returned hook before the next dispatch on
   // this parity (the one after next).
   dispatch_hook dispatch_send(const ll_device_dispatch_input& in, cudaStream_t stream = nullptr) {
-    ensure_usable(dispatch_op);
+    calls_.ensure_usable(dispatch_op);
     const int p = next_parity_;
     parity_state& st = parity_[p];
     check_ll_parity_idle(rank_, dispatch_op, p, st.dispatch_pending, st.combine_pending,
@@ -192,12 +188,12 @@ class low_latency_device_buffer {
     a.topk_idx = in.topk_idx;
     st.dispatch_kernels = kernels_for(ll_kernel_registry::dispatch(), token_traits<Wire>::id,
                                       dispatch_op, aligned(in.x));
-    launch(dispatch_op, st.dispatch_kernels.send(a, stream));
+    calls_.launch(dispatch_op, st.dispatch_kernels.send(a, stream));
     st.dispatch_pending = true;
     st.dispatch_accepted = cause.empty();
     st.num_tokens = a.num_tokens;
     st.topk = a.topk;
-    if (!cause.empty() && !capturing(stream)) {
+    if (!cause.empty() && !calls_.capturing(stream)) {
       receive_dispatch(p, number, stream);
       finish(stream, dispatch_op);  // throws the rejection every rank now sees
       throw error(rank_, dispatch_op, no_peer, "internal: a rejected dispatch was not reported");
@@ -223,7 +219,7 @@ class low_latency_device_buffer {
   // this parity.
   combine_hook combine_send(const ll_device_combine_input& in, const ll_device_handle& h,
                             cudaStream_t stream = nullptr, bf16* out = nullptr) {
-    ensure_usable(combine_op);
+    calls_.ensure_usable(combine_op);
     check_ll_handle_parity(rank_, combine_op, h.parity);
     const int p = h.parity;
     parity_state& st = parity_[p];
@@ -246,9 +242,9 @@ class low_latency_device_buffer {
     a.out = out != nullptr ? out : local<bf16>(p, plan_.combine_out);
     st.combine_kernels = kernels_for(ll_kernel_registry::combine(), token_traits<bf16>::id,
                                      combine_op, aligned(in.y) && aligned(a.out));
-    launch(combine_op, st.combine_kernels.send(a, stream));
+    calls_.launch(combine_op, st.combine_kernels.send(a, stream));
     st.combine_pending = true;
-    if (!cause.empty() && !capturing(stream)) {
+    if (!cause.empty() && !calls_.capturing(stream)) {
       receive_combine(p, number, stream);
       finish(stream, combine_op);  // throws the rejection every rank now sees
       throw error(rank_, combine_op, no_peer, "internal: a rejected combine was not reported");
@@ -259,8 +255,8 @@ class low_latency_device_buffer {
   // Waits, with a deadline, for everything this buffer enqueued on `stream`
   // and throws the first failure any of it recorded. Not while capturing.
   void synchronize(cudaStream_t stream = nullptr) {
-    ensure_usable("synchronize");
-    if (capturing(stream))
+    calls_.ensure_usable("synchronize");
+    if (calls_.capturing(stream))
       throw error(rank_, "synchronize", no_peer,
                   "the stream is being captured; synchronize after replaying the graph");
     finish(stream, "synchronize");
@@ -273,10 +269,10 @@ class low_latency_device_buffer {
   ll_stats stats(cudaStream_t stream = nullptr) {
     const int el = shape_.local_experts();
     const std::size_t n = static_cast<std::size_t>(el) + 2 * static_cast<std::size_t>(world_);
-    check(cudaMemcpyAsync(host_stats_, ws_.recv_tokens, n * sizeof(std::uint64_t),
-                          cudaMemcpyDeviceToHost, stream),
-          "stats", "cudaMemcpyAsync(stats)");
-    wait_stream(stream, "stats");
+    calls_.check(cudaMemcpyAsync(host_stats_, ws_.recv_tokens, n * sizeof(std::uint64_t),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "stats", "cudaMemcpyAsync(stats)");
+    calls_.wait_stream(stream, "stats");
     ll_stats out;
     out.recv_tokens_per_expert.assign(host_stats_, host_stats_ + el);
     for (int r = 0; r < world_; ++r) {
@@ -289,8 +285,8 @@ class low_latency_device_buffer {
   void reset_stats(cudaStream_t stream = nullptr) {
     const std::size_t n =
         static_cast<std::size_t>(shape_.local_experts()) + 2 * static_cast<std::size_t>(world_);
-    check(cudaMemsetAsync(ws_.recv_tokens, 0, n * sizeof(std::uint64_t), stream), "stats",
-          "cudaMemsetAsync(stats)");
+    calls_.check(cudaMemsetAsync(ws_.recv_tokens, 0, n * sizeof(std::uint64_t), stream), "stats",
+                 "cudaMemsetAsync(stats)");
   }
 
  private:
@@ -341,7 +337,7 @@ class low_latency_device_buffer {
 
   // Over RMA: see the destructor. Skipped after a failure; bounded.
   void await_last_releases() noexcept {
-    if (broken_ || workspace_ == nullptr) return;
+    if (calls_.broken()) return;
     try {
       std::uint64_t epochs[wire::ll::parities] = {};
       if (cudaMemcpy(epochs, ws_.dispatch_epoch, sizeof epochs, cudaMemcpyDeviceToHost) !=
@@ -362,15 +358,6 @@ class low_latency_device_buffer {
 
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-  void ensure_usable(const char* op) const {
-    if (broken_)
-      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
-  }
-
-  void check(cudaError_t status, const char* op, const char* call) {
-    check_cuda(status, rank_, op, no_peer, call);
-  }
-
   ll_args base_args(int p, const std::string& cause) {
     ll_args a{};
     a.peers = link_.peers();
@@ -384,11 +371,9 @@ class low_latency_device_buffer {
     a.ws = ws_;
     a.parity = p;
     a.round_scale = round_scale_ ? 1 : 0;
-    a.sm_count = sm_count_;
-    a.timeout_ns = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count());
-    std::memset(a.host_cause, 0, sizeof a.host_cause);
-    std::memcpy(a.host_cause, cause.data(), std::min(cause.size(), sizeof a.host_cause - 1));
+    a.sm_count = calls_.sm_count();
+    a.timeout_ns = calls_.timeout_ns();
+    calls_.copy_cause(a.host_cause, cause);
     return a;
   }
 
@@ -405,28 +390,12 @@ class low_latency_device_buffer {
     return k;
   }
 
-  static bool capturing(cudaStream_t stream) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    return cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
-           status != cudaStreamCaptureStatusNone;
-  }
-
-  // A kernel that could not even be launched leaves peers mid-protocol.
-  void launch(const char* op, int launch_status) {
-    try {
-      check(static_cast<cudaError_t>(launch_status), op, "kernel launch");
-    } catch (const error& e) {
-      broken_ = e.what();
-      throw;
-    }
-  }
-
   dispatch_result receive_dispatch(int p, std::uint64_t number, cudaStream_t stream) {
-    ensure_usable(dispatch_op);
+    calls_.ensure_usable(dispatch_op);
     parity_state& st = parity_[p];
     if (!st.dispatch_pending || st.dispatches != number)
       throw error(rank_, dispatch_op, no_peer, "this dispatch's receive hook already ran");
-    launch(dispatch_op, st.dispatch_kernels.recv(st.dispatch_args, stream));
+    calls_.launch(dispatch_op, st.dispatch_kernels.recv(st.dispatch_args, stream));
     st.dispatch_pending = false;
     dispatch_result res;
     res.recv_x = local<const Wire>(p, plan_.recv_x);
@@ -440,114 +409,56 @@ class low_latency_device_buffer {
   }
 
   const bf16* receive_combine(int p, std::uint64_t number, cudaStream_t stream) {
-    ensure_usable(combine_op);
+    calls_.ensure_usable(combine_op);
     parity_state& st = parity_[p];
     if (!st.combine_pending || st.combines != number)
       throw error(rank_, combine_op, no_peer, "this combine's receive hook already ran");
-    launch(combine_op, st.combine_kernels.recv(st.combine_args, stream));
+    calls_.launch(combine_op, st.combine_kernels.recv(st.combine_args, stream));
     st.combine_pending = false;
     return st.combine_args.out;
   }
 
-  // Waits for the stream with a host deadline: the kernels bound each wait by
-  // the timeout, and a call makes at most three waits in sequence.
-  void wait_stream(cudaStream_t stream, const char* op) {
-    const auto limit = 4 * timeout_ + std::chrono::seconds(1);
-    cudaError_t status = cudaSuccess;
-    const bool done = ::epcomm::detail::spin_wait(
-        [&] {
-          status = cudaStreamQuery(stream);
-          return status != cudaErrorNotReady;
-        },
-        deadline::after(limit), [] {});
-    if (!done) {
-      broken_ = "the device did not finish within the deadline";
-      throw error(
-          rank_, op, no_peer,
-          "the device did not finish the enqueued work within " +
-              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()) +
-              " ms (is the GPU oversubscribed or another kernel stuck?)");
-    }
-    try {
-      check(status, op, "the enqueued kernels");
-    } catch (const error& e) {
-      broken_ = e.what();
-      throw;
-    }
-  }
-
-  // Reads the device report after the work on `stream` and throws what it
-  // recorded, the host engine's error for the same situation.
+  // The host engine's error for what the kernels reported (device_calls::finish).
   void finish(cudaStream_t stream, const char* op) {
-    check(cudaMemcpyAsync(host_report_, ws_.rep, sizeof(ll_report), cudaMemcpyDeviceToHost, stream),
-          op, "cudaMemcpyAsync(report)");
-    wait_stream(stream, op);
-    const ll_report r = *host_report_;
-    if (r.code == ll_failure::none && r.broken == 0) return;
-    const error e = r.code == ll_failure::none
-                        ? error(rank_, op, no_peer, "an earlier call on this buffer failed")
-                    : r.code == ll_failure::proxy ? link_.with_proxy_cause(to_error(r, rank_))
-                                                  : to_error(r, rank_);
-    if (ll_breaks_buffer(r.code) || r.broken != 0) {
-      broken_ = e.what();
-    } else {
-      // A verdict every rank reached together: clear it, the buffer goes on.
-      check(cudaMemsetAsync(&ws_.rep->code, 0, sizeof(ws_.rep->code), stream), op,
-            "cudaMemsetAsync(report)");
-      wait_stream(stream, op);
-    }
-    throw e;
+    calls_.finish(
+        stream, op,
+        [&](const ll_report& r) {
+          return r.code == ll_failure::none
+                     ? error(rank_, op, no_peer, "an earlier call on this buffer failed")
+                 : r.code == ll_failure::proxy ? link_.with_proxy_cause(to_error(r, rank_))
+                                               : to_error(r, rank_);
+        },
+        [](const ll_report& r) { return ll_breaks_buffer(r.code); });
   }
 
-  // One device allocation for the workspace, carved into aligned arrays.
+  // The kernels' state, in one device allocation (device_calls::allocate);
+  // the pinned stats copy after the host report.
   void allocate_workspace() {
-    int device = 0;
-    check(cudaGetDevice(&device), "low_latency_buffer", "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
-          "low_latency_buffer", "cudaDeviceGetAttribute(multiProcessorCount)");
     const std::size_t r = world_;
     const std::size_t el = shape_.local_experts();
-    std::size_t at = 0;
-    auto take = [&at](std::size_t bytes) {
-      const std::size_t here = at;
-      at = wire::align_up(at + bytes, 16);
-      return here;
-    };
-    const std::size_t epochs = take(4 * sizeof(std::uint64_t));
-    const std::size_t oks = take(4 * sizeof(std::int32_t));
-    const std::size_t done = take(ll_kernel_count * wire::ll::parities * sizeof(std::uint32_t));
-    const std::size_t waits = take(2 * r * sizeof(std::uint64_t));
+    wire::carver regions(16);
+    const std::size_t epochs = regions.take(4 * sizeof(std::uint64_t));
+    const std::size_t oks = regions.take(4 * sizeof(std::int32_t));
+    const std::size_t done =
+        regions.take(ll_kernel_count * wire::ll::parities * sizeof(std::uint32_t));
+    const std::size_t waits = regions.take(2 * r * sizeof(std::uint64_t));
     // recv_tokens, dispatch_wait_sum and combine_wait_sum are contiguous, so
     // stats() reads them with one copy.
-    const std::size_t stats = take((el + 2 * r) * sizeof(std::uint64_t));
-    const std::size_t rep = take(sizeof(ll_report));
-    check(cudaMalloc(&workspace_, at), "low_latency_buffer", "cudaMalloc(workspace)");
-    check(cudaMemset(workspace_, 0, at), "low_latency_buffer", "cudaMemset(workspace)");
-    auto* w = static_cast<std::byte*>(workspace_);
-    ws_.dispatch_epoch = reinterpret_cast<std::uint64_t*>(w + epochs);
-    ws_.combine_epoch = ws_.dispatch_epoch + 2;
-    ws_.dispatch_ok = reinterpret_cast<std::int32_t*>(w + oks);
-    ws_.combine_ok = ws_.dispatch_ok + 2;
-    ws_.blocks_done = reinterpret_cast<std::uint32_t*>(w + done);
-    ws_.wait_ns = reinterpret_cast<std::uint64_t*>(w + waits);
-    ws_.recv_tokens = reinterpret_cast<std::uint64_t*>(w + stats);
-    ws_.dispatch_wait_sum = ws_.recv_tokens + el;
-    ws_.combine_wait_sum = ws_.dispatch_wait_sum + r;
-    ws_.rep = reinterpret_cast<ll_report*>(w + rep);
-    check(cudaDeviceSynchronize(), "low_latency_buffer", "cudaDeviceSynchronize");
-    void* pinned = nullptr;
-    check(cudaMallocHost(&pinned, sizeof(ll_report) + (el + 2 * r) * sizeof(std::uint64_t)),
-          "low_latency_buffer", "cudaMallocHost(report)");
-    host_report_ = static_cast<ll_report*>(pinned);
-    std::memset(host_report_, 0, sizeof(ll_report));
-    host_stats_ = reinterpret_cast<std::uint64_t*>(host_report_ + 1);
-  }
-
-  void release() noexcept {
-    if (workspace_ != nullptr) cudaFree(workspace_);
-    if (host_report_ != nullptr) cudaFreeHost(host_report_);
-    workspace_ = nullptr;
-    host_report_ = nullptr;
+    const std::size_t stats_bytes = (el + 2 * r) * sizeof(std::uint64_t);
+    const std::size_t stats = regions.take(stats_bytes);
+    calls_.allocate(regions, stats_bytes, "low_latency_buffer", [&](std::byte* w) {
+      ws_.dispatch_epoch = reinterpret_cast<std::uint64_t*>(w + epochs);
+      ws_.combine_epoch = ws_.dispatch_epoch + 2;
+      ws_.dispatch_ok = reinterpret_cast<std::int32_t*>(w + oks);
+      ws_.combine_ok = ws_.dispatch_ok + 2;
+      ws_.blocks_done = reinterpret_cast<std::uint32_t*>(w + done);
+      ws_.wait_ns = reinterpret_cast<std::uint64_t*>(w + waits);
+      ws_.recv_tokens = reinterpret_cast<std::uint64_t*>(w + stats);
+      ws_.dispatch_wait_sum = ws_.recv_tokens + el;
+      ws_.combine_wait_sum = ws_.dispatch_wait_sum + r;
+      ws_.rep = calls_.device_report();
+    });
+    host_stats_ = reinterpret_cast<std::uint64_t*>(calls_.host_extra());
   }
 
   int rank_;
@@ -557,14 +468,11 @@ class low_latency_device_buffer {
   wire::ll::shape shape_;
   wire::ll::plan plan_;
   device_link<Transport> link_;
+  device_calls<ll_report> calls_;
   parity_state parity_[wire::ll::parities];
   int next_parity_ = 0;
-  int sm_count_ = 1;
-  void* workspace_ = nullptr;
   ll_workspace ws_{};
-  ll_report* host_report_ = nullptr;     // pinned
-  std::uint64_t* host_stats_ = nullptr;  // pinned, after the report
-  std::optional<std::string> broken_;
+  std::uint64_t* host_stats_ = nullptr;  // pinned, after the host report
 };
 
 }  // namespace epcomm::cuda

@@ -33,21 +33,22 @@
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
-#include "epcomm/normal/capacity_agreement.hpp"
-#include "epcomm/cuda/device_link.hpp"
-#include "epcomm/normal/cuda/checks.hpp"
-#include "epcomm/normal/cuda/registry.hpp"
-#include "epcomm/normal/cuda/launch.hpp"
-#include "epcomm/transport/peer_table.hpp"
-#include "epcomm/normal/report.hpp"
 #include "epcomm/core/cuda_check.hpp"
 #include "epcomm/core/deadline.hpp"
-#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/error.hpp"
-#include "epcomm/normal/arguments.hpp"
-#include "epcomm/host/require_peer_mapped.hpp"
+#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/cuda/device_calls.hpp"
+#include "epcomm/cuda/device_link.hpp"
+#include "epcomm/host/require_peer_mapped.hpp"
+#include "epcomm/normal/arguments.hpp"
+#include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/normal/cuda/checks.hpp"
+#include "epcomm/normal/cuda/launch.hpp"
+#include "epcomm/normal/cuda/registry.hpp"
+#include "epcomm/normal/report.hpp"
 #include "epcomm/normal/wire.hpp"
+#include "epcomm/transport/peer_table.hpp"
 
 namespace epcomm::cuda {
 
@@ -125,22 +126,18 @@ class device_buffer {
         // One channel for the calls' puts (their kernels are stream-ordered)
         // and one for the abort relay.
         link_(boot, plan_.total, with_abort_words(wire::signal_slots(world_), world_), timeout_,
-              rma_memory, 2) {
+              rma_memory, 2),
+        calls_(rank_, timeout_) {
     if constexpr (!via_proxy)
       require_peer_mapped(link_.transport(), rank_, world_, "buffer",
                           "normal mode over this transport needs every rank in one NVLink domain");
-    try {
-      allocate_workspace();
-    } catch (...) {
-      release();
-      throw;
-    }
+    allocate_workspace();
   }
 
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   // Work still queued on a stream must have finished (synchronize()).
-  ~device_buffer() { release(); }
+  ~device_buffer() = default;
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
@@ -153,7 +150,7 @@ class device_buffer {
   device_dispatch_result<Token> dispatch(const device_dispatch_input<Token>& in,
                                          const dispatch_options& opt = {},
                                          cudaStream_t stream = nullptr) {
-    ensure_usable("dispatch");
+    calls_.ensure_usable("dispatch");
     const std::string cause = check_dispatch_shape(
         cap_, {in.num_tokens, in.hidden, in.topk, opt.worst_case_recv_tokens, in.x != nullptr,
                in.x_scales != nullptr, in.topk_idx != nullptr, in.topk_weights != nullptr});
@@ -175,15 +172,15 @@ class device_buffer {
     a.max_recv_tokens = cap_.max_recv_tokens;
     a.recv_bound = opt.worst_case_recv_tokens;
     a.token_id = token_traits<Token>::id;
-    a.sm_count = sm_count_;
-    a.timeout_ns = timeout_ns();
-    copy_cause(a.host_cause, cause);
+    a.sm_count = calls_.sm_count();
+    a.timeout_ns = calls_.timeout_ns();
+    calls_.copy_cause(a.host_cause, cause);
 
     const std::size_t row_bytes = static_cast<std::size_t>(in.hidden) * sizeof(Token);
     const bool aligned = (reinterpret_cast<std::uintptr_t>(in.x) % 16 == 0) && row_bytes % 16 == 0;
     const normal_kernels k = kernels_for("dispatch", in.hidden, aligned);
     ++sequence_;
-    launch("dispatch", k.dispatch(a, stream), stream);
+    calls_.launch("dispatch", k.dispatch(a, stream));
 
     device_dispatch_result<Token> res;
     const std::byte* base = link_.local_buffer();
@@ -198,15 +195,15 @@ class device_buffer {
     res.handle = {world_, rank_, in.num_tokens, in.hidden, in.topk, sequence_};
     res.rows = opt.worst_case_recv_tokens;
     // A call the host already knows to fail reports at once, unless captured.
-    if ((opt.worst_case_recv_tokens == 0 || !cause.empty()) && !capturing(stream)) {
+    if ((opt.worst_case_recv_tokens == 0 || !cause.empty()) && !calls_.capturing(stream)) {
       finish(stream, "dispatch");
-      res.num_recv_tokens = host_report_->num_recv_tokens;
+      res.num_recv_tokens = calls_.report().num_recv_tokens;
       if (res.rows == 0) res.rows = res.num_recv_tokens;
       res.num_recv_tokens_per_expert_host.resize(cap_.num_experts / world_);
-      check_cuda(cudaMemcpy(res.num_recv_tokens_per_expert_host.data(), ws_.recv_per_expert,
-                            sizeof(int) * res.num_recv_tokens_per_expert_host.size(),
-                            cudaMemcpyDeviceToHost),
-                 rank_, "dispatch", no_peer, "cudaMemcpy(tokens per expert)");
+      calls_.check(cudaMemcpy(res.num_recv_tokens_per_expert_host.data(), ws_.recv_per_expert,
+                              sizeof(int) * res.num_recv_tokens_per_expert_host.size(),
+                              cudaMemcpyDeviceToHost),
+                   "dispatch", "cudaMemcpy(tokens per expert)");
     }
     return res;
   }
@@ -215,7 +212,7 @@ class device_buffer {
   void combine(const device_combine_input<combine_t>& in, const device_dispatch_handle& h,
                combine_t* out_x, float* out_weights = nullptr, cudaStream_t stream = nullptr,
                bool synchronize_now = true) {
-    ensure_usable("combine");
+    calls_.ensure_usable("combine");
     std::string cause = check_combine_shape(
         rank_, world_,
         {h.rank, h.world_size, h.num_tokens, h.hidden, h.topk, in.y_rows, in.y != nullptr,
@@ -239,9 +236,9 @@ class device_buffer {
     a.num_tokens = cause.empty() ? h.num_tokens : 0;
     a.hidden = h.hidden;
     a.topk = h.topk;
-    a.sm_count = sm_count_;
-    a.timeout_ns = timeout_ns();
-    copy_cause(a.host_cause, cause);
+    a.sm_count = calls_.sm_count();
+    a.timeout_ns = calls_.timeout_ns();
+    calls_.copy_cause(a.host_cause, cause);
 
     const std::size_t row_bytes = static_cast<std::size_t>(h.hidden) * sizeof(combine_t);
     const std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(in.y) |
@@ -249,14 +246,14 @@ class device_buffer {
                                 reinterpret_cast<std::uintptr_t>(in.bias_1) |
                                 reinterpret_cast<std::uintptr_t>(out_x) | row_bytes;
     const normal_kernels k = kernels_for("combine", h.hidden, bits % 16 == 0);
-    launch("combine", k.combine(a, stream), stream);
-    if ((synchronize_now || !cause.empty()) && !capturing(stream)) finish(stream, "combine");
+    calls_.launch("combine", k.combine(a, stream));
+    if ((synchronize_now || !cause.empty()) && !calls_.capturing(stream)) finish(stream, "combine");
   }
 
   // Waits for everything this buffer enqueued on `stream` and throws the first
   // failure any of it recorded.
   void synchronize(cudaStream_t stream = nullptr) {
-    ensure_usable("synchronize");
+    calls_.ensure_usable("synchronize");
     finish(stream, "synchronize");
   }
 
@@ -265,21 +262,6 @@ class device_buffer {
     normal_route r{};
     if constexpr (via_proxy) r = {1, link_.channel(0), link_.channel(1)};
     return r;
-  }
-
-  static void copy_cause(char (&out)[wire::cause_bytes], const std::string& cause) {
-    std::memset(out, 0, sizeof out);
-    std::memcpy(out, cause.data(), std::min(cause.size(), sizeof out - 1));
-  }
-
-  std::uint64_t timeout_ns() const {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count());
-  }
-
-  void ensure_usable(const char* op) const {
-    if (broken_)
-      throw error(rank_, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
   }
 
   normal_kernels kernels_for(const char* op, int hidden, bool aligned) const {
@@ -295,126 +277,49 @@ class device_buffer {
     return k;
   }
 
-  static bool capturing(cudaStream_t stream) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    return cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
-           status != cudaStreamCaptureStatusNone;
-  }
-
-  // Enqueues the copy of the device report after the kernels, or marks the
-  // buffer broken when they could not even be launched.
-  void launch(const char* op, int launch_status, cudaStream_t stream) {
-    try {
-      check_cuda(static_cast<cudaError_t>(launch_status), rank_, op, no_peer, "kernel launch");
-      check_cuda(
-          cudaMemcpyAsync(host_report_, ws_.rep, sizeof(report), cudaMemcpyDeviceToHost, stream),
-          rank_, op, no_peer, "cudaMemcpyAsync(report)");
-    } catch (const error& e) {
-      broken_ = e.what();
-      throw;
-    }
-  }
-
-  // Waits for the stream with a host deadline (kernels bound every wait by
-  // the timeout; a call makes at most three waits in sequence), then turns a
-  // recorded failure into the host engine's error.
+  // The host engine's error for what the kernels reported (device_calls::finish).
   void finish(cudaStream_t stream, const char* op) {
-    const deadline dl = deadline::after(4 * timeout_ + std::chrono::seconds(1));
-    cudaError_t status = cudaSuccess;
-    const bool done = ::epcomm::detail::spin_wait(
-        [&] {
-          status = cudaStreamQuery(stream);
-          return status != cudaErrorNotReady;
+    calls_.finish(
+        stream, op,
+        [&](const report& r) {
+          return r.code == failure::none
+                     ? error(rank_, op, no_peer, "an earlier call on this buffer timed out")
+                 : r.code == failure::proxy ? link_.with_proxy_cause(to_error(r, rank_, op))
+                                            : to_error(r, rank_, op);
         },
-        dl, [] {});
-    if (!done) {
-      broken_ = "the device did not finish within the deadline";
-      throw error(rank_, op, no_peer,
-                  "the device did not finish the enqueued work within " +
-                      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                         4 * timeout_ + std::chrono::seconds(1))
-                                         .count()) +
-                      " ms (is the GPU oversubscribed or another kernel stuck?)");
-    }
-    try {
-      check_cuda(status, rank_, op, no_peer, "the enqueued kernels");
-    } catch (const error& e) {
-      broken_ = e.what();
-      throw;
-    }
-    const report r = *host_report_;
-    if (r.code == failure::none && r.broken == 0) return;
-    const error e = r.code == failure::none
-                        ? error(rank_, op, no_peer, "an earlier call on this buffer timed out")
-                    : r.code == failure::proxy ? link_.with_proxy_cause(to_error(r, rank_, op))
-                                               : to_error(r, rank_, op);
-    if (breaks_buffer(r) || r.broken != 0) {
-      broken_ = e.what();
-    } else {
-      // A verdict every rank reached together: clear it, the buffer goes on.
-      check_cuda(cudaMemsetAsync(&ws_.rep->code, 0, sizeof(ws_.rep->code), stream), rank_, op,
-                 no_peer, "cudaMemsetAsync(report)");
-      check_cuda(cudaStreamSynchronize(stream), rank_, op, no_peer, "cudaStreamSynchronize");
-    }
-    throw e;
+        [](const report& r) { return breaks_buffer(r); });
   }
 
-  // One device allocation for the workspace, carved into aligned arrays.
+  // The kernels' state, in one device allocation (device_calls::allocate).
   void allocate_workspace() {
-    const auto check = [this](cudaError_t s, const char* call) {
-      check_cuda(s, rank_, "buffer", no_peer, call);
-    };
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
-          "cudaDeviceGetAttribute(multiProcessorCount)");
-
     const std::size_t r = world_;
     const std::size_t e = cap_.num_experts;
-    std::size_t at = 0;
-    auto take = [&at](std::size_t bytes) {
-      const std::size_t here = at;
-      at = wire::align_up(at + bytes, 16);
-      return here;
-    };
-    const std::size_t send_pos = take(sizeof(std::int32_t) * cap_.max_tokens_per_rank * r);
-    const std::size_t per_rank = take(sizeof(std::int32_t) * r);
-    const std::size_t per_expert = take(sizeof(std::int32_t) * e);
-    const std::size_t matrix = take(sizeof(std::int32_t) * r * r);
-    const std::size_t recv_expert = take(sizeof(std::int32_t) * (e / r));
-    const std::size_t invalid = take(sizeof(std::uint64_t));
-    const std::size_t epochs = take(2 * sizeof(std::uint64_t));
-    const std::size_t done = take(2 * sizeof(std::uint32_t));
-    const std::size_t accepted = take(3 * sizeof(std::int32_t));  // [2] + num_recv
-    const std::size_t rep = take(sizeof(report));
-    check(cudaMalloc(&workspace_, at), "cudaMalloc(workspace)");
-    check(cudaMemset(workspace_, 0, at), "cudaMemset(workspace)");
-    auto* w = static_cast<std::byte*>(workspace_);
-    ws_.send_pos = reinterpret_cast<std::int32_t*>(w + send_pos);
-    ws_.tokens_per_rank = reinterpret_cast<std::int32_t*>(w + per_rank);
-    ws_.tokens_per_expert = reinterpret_cast<std::int32_t*>(w + per_expert);
-    ws_.count_matrix = reinterpret_cast<std::int32_t*>(w + matrix);
-    ws_.recv_per_expert = reinterpret_cast<std::int32_t*>(w + recv_expert);
-    ws_.first_invalid = reinterpret_cast<std::uint64_t*>(w + invalid);
-    ws_.dispatch_epoch = reinterpret_cast<std::uint64_t*>(w + epochs);
-    ws_.combine_epoch = ws_.dispatch_epoch + 1;
-    ws_.blocks_done = reinterpret_cast<std::uint32_t*>(w + done);
-    ws_.accepted = reinterpret_cast<std::int32_t*>(w + accepted);
-    ws_.num_recv = ws_.accepted + 2;
-    ws_.rep = reinterpret_cast<report*>(w + rep);
-    check(cudaMemset(ws_.first_invalid, 0xFF, sizeof(std::uint64_t)), "cudaMemset(first_invalid)");
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    void* pinned = nullptr;
-    check(cudaMallocHost(&pinned, sizeof(report)), "cudaMallocHost(report)");
-    host_report_ = static_cast<report*>(pinned);
-    std::memset(host_report_, 0, sizeof(report));
-  }
-
-  void release() noexcept {
-    if (workspace_ != nullptr) cudaFree(workspace_);
-    if (host_report_ != nullptr) cudaFreeHost(host_report_);
-    workspace_ = nullptr;
-    host_report_ = nullptr;
+    wire::carver regions(16);
+    const std::size_t send_pos = regions.take(sizeof(std::int32_t) * cap_.max_tokens_per_rank * r);
+    const std::size_t per_rank = regions.take(sizeof(std::int32_t) * r);
+    const std::size_t per_expert = regions.take(sizeof(std::int32_t) * e);
+    const std::size_t matrix = regions.take(sizeof(std::int32_t) * r * r);
+    const std::size_t recv_expert = regions.take(sizeof(std::int32_t) * (e / r));
+    const std::size_t invalid = regions.take(sizeof(std::uint64_t));
+    const std::size_t epochs = regions.take(2 * sizeof(std::uint64_t));
+    const std::size_t done = regions.take(2 * sizeof(std::uint32_t));
+    const std::size_t accepted = regions.take(3 * sizeof(std::int32_t));  // [2] + num_recv
+    calls_.allocate(regions, 0, "buffer", [&](std::byte* w) {
+      ws_.send_pos = reinterpret_cast<std::int32_t*>(w + send_pos);
+      ws_.tokens_per_rank = reinterpret_cast<std::int32_t*>(w + per_rank);
+      ws_.tokens_per_expert = reinterpret_cast<std::int32_t*>(w + per_expert);
+      ws_.count_matrix = reinterpret_cast<std::int32_t*>(w + matrix);
+      ws_.recv_per_expert = reinterpret_cast<std::int32_t*>(w + recv_expert);
+      ws_.first_invalid = reinterpret_cast<std::uint64_t*>(w + invalid);
+      ws_.dispatch_epoch = reinterpret_cast<std::uint64_t*>(w + epochs);
+      ws_.combine_epoch = ws_.dispatch_epoch + 1;
+      ws_.blocks_done = reinterpret_cast<std::uint32_t*>(w + done);
+      ws_.accepted = reinterpret_cast<std::int32_t*>(w + accepted);
+      ws_.num_recv = ws_.accepted + 2;
+      ws_.rep = calls_.device_report();
+      calls_.check(cudaMemset(ws_.first_invalid, 0xFF, sizeof(std::uint64_t)), "buffer",
+                   "cudaMemset(first_invalid)");
+    });
   }
 
   int rank_;
@@ -423,12 +328,9 @@ class device_buffer {
   wire::capacity cap_;
   wire::region_plan plan_;
   device_link<Transport> link_;
-  int sm_count_ = 1;
-  void* workspace_ = nullptr;
+  device_calls<report> calls_;
   workspace ws_{};
-  report* host_report_ = nullptr;  // pinned; the last enqueued report copy lands here
   std::uint64_t sequence_ = 0;
-  std::optional<std::string> broken_;
 };
 
 }  // namespace epcomm::cuda

@@ -34,11 +34,15 @@ class call_guard {
     try {
       std::forward<F>(f)();
     } catch (const error& e) {
-      broken_ = e.what();
+      mark_broken(e);
       std::forward<GiveUp>(give_up)(e.peer());
       throw;
     }
   }
+
+  // Keeps `e` as the failure that broke the buffer, for a caller that
+  // throws it itself.
+  void mark_broken(const error& e) { broken_ = e.what(); }
 
  private:
   std::optional<std::string> broken_;
