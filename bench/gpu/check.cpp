@@ -124,7 +124,10 @@ bool run(const std::string& what, int world, const std::function<int(local_boots
   std::string detail;
   for (int c : codes) {
     ok = ok && c == 0;
-    detail += " " + std::to_string(c);
+    // Two appends, not " " + to_string(c): g++ 12 at -O3 warns (-Wrestrict)
+    // on the temporary, and Release builds use -Werror.
+    detail += ' ';
+    detail += std::to_string(c);
   }
   const double s = std::chrono::duration<double>(steady::now() - start).count();
   std::printf("%-4s %-44s %2d ranks %7.1f s%s\n", ok ? "ok" : "FAIL", what.c_str(), world, s,

@@ -40,7 +40,8 @@ namespace epcomm::cuda::device {
 
 // Grid: ll_combine_send_blocks; dynamic shared memory: (E_local + 1) ints.
 template <int Hidden>
-__global__ void __launch_bounds__(ll_threads) ll_combine_send_kernel(ll_args a) {
+__global__ void __launch_bounds__(ll_threads)
+    ll_combine_send_kernel(const __grid_constant__ ll_args a) {
   extern __shared__ int first_row[];         // [E_local + 1] packed rows before each local expert
   __shared__ unsigned long long first_diff;  // lowest topk_idx entry that differs
   ll_report* rep = a.ws.rep;
@@ -291,7 +292,8 @@ __device__ inline void finish_combine(const ll_args& a, std::uint64_t epoch, boo
 // Grid: ll_combine_recv_blocks; dynamic shared memory: max_topk row pointers
 // and weights.
 template <int Hidden>
-__global__ void __launch_bounds__(ll_threads) ll_combine_recv_kernel(ll_args a) {
+__global__ void __launch_bounds__(ll_threads)
+    ll_combine_recv_kernel(const __grid_constant__ ll_args a) {
   extern __shared__ __align__(16) std::byte smem[];
   __shared__ int accepted;
   ll_report* rep = a.ws.rep;

@@ -225,7 +225,8 @@ __device__ __forceinline__ void publish_count(std::byte* at, std::uint64_t* sign
 }
 
 template <class Wire, int Hidden>
-__global__ void __launch_bounds__(ll_threads) ll_dispatch_send_kernel(ll_args a) {
+__global__ void __launch_bounds__(ll_threads)
+    ll_dispatch_send_kernel(const __grid_constant__ ll_args a) {
   extern __shared__ __align__(16) std::byte smem[];
   __shared__ unsigned long long first_bad;  // lowest invalid topk_idx entry
   __shared__ int first_overflow;            // lowest expert named more often than it has slots
@@ -433,7 +434,8 @@ __device__ inline void finish_dispatch(const ll_args& a, std::uint64_t epoch, bo
 }
 
 template <class Wire, int Hidden>
-__global__ void __launch_bounds__(ll_threads) ll_dispatch_recv_kernel(ll_args a) {
+__global__ void __launch_bounds__(ll_threads)
+    ll_dispatch_recv_kernel(const __grid_constant__ ll_args a) {
   __shared__ int begin, count, unpack;
   ll_report* rep = a.ws.rep;
   if (ll_is_broken(rep)) return;

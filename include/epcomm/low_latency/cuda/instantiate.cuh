@@ -23,11 +23,11 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "epcomm/core/token_types.hpp"
 #include "epcomm/low_latency/cuda/combine.cuh"
 #include "epcomm/low_latency/cuda/dispatch.cuh"
 #include "epcomm/low_latency/cuda/launch.hpp"
 #include "epcomm/low_latency/cuda/registry.hpp"
-#include "epcomm/core/token_types.hpp"
 
 namespace epcomm::cuda {
 

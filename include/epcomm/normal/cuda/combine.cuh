@@ -45,7 +45,8 @@ __host__ __device__ constexpr std::size_t reduce_shared_bytes(int world) {
 
 // Grid: any number of blocks of combine_threads.
 template <class Out, int Ranks, int Hidden>
-__global__ void __launch_bounds__(combine_threads) combine_send_kernel(combine_args a) {
+__global__ void __launch_bounds__(combine_threads)
+    combine_send_kernel(const __grid_constant__ combine_args a) {
   __shared__ int recv_begin[peer_table::max_ranks + 1];
   __shared__ int return_row[peer_table::max_ranks];
   __shared__ std::byte* target[combine_warps];
@@ -162,7 +163,8 @@ __device__ void reduce_token(const combine_args& a, int t, const std::byte* cons
 // Grid: any number of blocks of combine_threads, dynamic shared memory
 // reduce_shared_bytes(world).
 template <class Out, int Ranks, int Hidden>
-__global__ void __launch_bounds__(combine_threads) combine_reduce_kernel(combine_args a) {
+__global__ void __launch_bounds__(combine_threads)
+    combine_reduce_kernel(const __grid_constant__ combine_args a) {
   extern __shared__ std::byte dyn[];
   __shared__ int first_row[peer_table::max_ranks];
   report* rep = a.ws.rep;

@@ -160,7 +160,8 @@ __device__ inline void signal_all(const peer_table& peers, int world, wire::sign
 
 // Grid: senders + 1 blocks of dispatch_threads; the last block receives.
 template <class Token, int Ranks, int Hidden>
-__global__ void __launch_bounds__(dispatch_threads) dispatch_kernel(dispatch_args a) {
+__global__ void __launch_bounds__(dispatch_threads)
+    dispatch_kernel(const __grid_constant__ dispatch_args a) {
   extern __shared__ std::byte dyn[];
   __shared__ int dest_base[peer_table::max_ranks];
   report* rep = a.ws.rep;

@@ -20,12 +20,12 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "epcomm/core/token_types.hpp"
 #include "epcomm/normal/cuda/combine.cuh"
 #include "epcomm/normal/cuda/dispatch.cuh"
-#include "epcomm/normal/cuda/registry.hpp"
 #include "epcomm/normal/cuda/layout.cuh"
 #include "epcomm/normal/cuda/notify.cuh"
-#include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/cuda/registry.hpp"
 
 namespace epcomm::cuda {
 

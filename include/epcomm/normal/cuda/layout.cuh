@@ -22,7 +22,8 @@ inline constexpr int layout_threads = 256;
 
 // Ranks > 0 fixes world_size at compile time (0: from the call).
 template <int Ranks>
-__global__ void __launch_bounds__(layout_threads) layout_kernel(dispatch_args a) {
+__global__ void __launch_bounds__(layout_threads)
+    layout_kernel(const __grid_constant__ dispatch_args a) {
   using scan = cub::BlockScan<int, layout_threads>;
   __shared__ typename scan::TempStorage scan_storage;
   extern __shared__ int expert_count[];  // [E/R] for this block's rank

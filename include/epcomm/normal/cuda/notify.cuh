@@ -57,7 +57,8 @@ __device__ __forceinline__ bool all_waits_succeeded(bool mine) {
 }
 
 template <int Ranks>
-__global__ void __launch_bounds__(notify_threads) notify_kernel(dispatch_args a) {
+__global__ void __launch_bounds__(notify_threads)
+    notify_kernel(const __grid_constant__ dispatch_args a) {
   __shared__ wire::notify_header hdr;
   __shared__ std::uint64_t epoch;
   report* rep = a.ws.rep;
@@ -152,7 +153,8 @@ __global__ void __launch_bounds__(notify_threads) notify_kernel(dispatch_args a)
 }
 
 template <int Ranks>
-__global__ void __launch_bounds__(notify_threads) combine_ready_kernel(combine_args a) {
+__global__ void __launch_bounds__(notify_threads)
+    combine_ready_kernel(const __grid_constant__ combine_args a) {
   __shared__ wire::combine_header hdr;
   __shared__ std::uint64_t epoch;
   report* rep = a.ws.rep;
