@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "epcomm/bootstrap/subgroup.hpp"
+#include "epcomm/core/call_guard.hpp"
 #include "epcomm/core/combine_reduce.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/input_errors.hpp"
@@ -51,7 +52,6 @@
 #include "epcomm/core/topology.hpp"
 #include "epcomm/hierarchical/link.hpp"
 #include "epcomm/hierarchical/wire.hpp"
-#include "epcomm/core/call_guard.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/normal/arguments.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"

@@ -43,7 +43,6 @@ class host_link {
         proxy_(transport_, proxy::engine_options{.channels = channels}) {}
 
   T& transport() { return transport_; }
-  const T& transport() const { return transport_; }
   int rank() const { return transport_.rank(); }
 
   std::byte* local(std::size_t offset) { return transport_.local_buffer().data() + offset; }

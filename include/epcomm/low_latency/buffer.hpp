@@ -62,13 +62,13 @@
 #include <utility>
 #include <vector>
 
+#include "epcomm/core/call_guard.hpp"
 #include "epcomm/core/combine_reduce.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
 #include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/layout.hpp"
 #include "epcomm/core/token_types.hpp"
-#include "epcomm/core/call_guard.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/host/link.hpp"
 #include "epcomm/host/lost_ranks.hpp"

@@ -56,8 +56,8 @@ struct engine_options {
 template <has_completion_count T>
 class engine;
 
-// A host producer's handle with the calls of a kernel's channel_writer
-// (put, put_signal, signal, flush), so that the code that decides what to
+// A host producer's handle with the calls of a kernel's channel_writer that
+// the routes use (put, put_signal, signal), so that the code that decides what to
 // push is written once for both (normal/route.hpp, low_latency/route.hpp).
 // Each call pushes through engine::push, which throws the proxy's error or
 // a deadline error; a call that returns has pushed, and returns ok.
@@ -78,7 +78,6 @@ class engine_writer {
   channel_status signal(int peer, std::uint64_t slot, std::uint64_t n) {
     return push(op_code::signal, peer, 0, 0, 0, slot, n);
   }
-  channel_status flush(int peer) { return push(op_code::flush, peer, 0, 0, 0, 0, 0); }
 
  private:
   channel_status push(op_code op, int peer, std::uint64_t local_offset, std::uint64_t remote_offset,
