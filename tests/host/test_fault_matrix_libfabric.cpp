@@ -10,9 +10,9 @@
 using namespace epcomm;
 
 TEST_CASE("fault matrix over libfabric: {exit, stall, drop} x protocol points") {
-  // Bringing up a group on tcp;ofi_rxm (connections included) takes 0.2-0.8 s
-  // on a loaded 2-core machine, more under ThreadSanitizer, and the deadline
-  // covers it: 3 s, and a stall of 5 s that outlasts it.
+  // A call over tcp;ofi_rxm under ThreadSanitizer takes up to a few hundred
+  // ms on a loaded 2-core machine: a 3 s deadline, and a stall of 5 s that
+  // outlasts it. (Set-up, 2.5-3 s there, has its own bound: setup_timeout.)
   test::faults::run_matrix<libfabric::transport>(
       {fault::action::exit, fault::action::stall, fault::action::drop},
       {fault::point::before_notify, fault::point::mid_dispatch, fault::point::mid_combine,

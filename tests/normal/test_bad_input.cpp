@@ -221,6 +221,45 @@ TEST_CASE("a stalled peer gives a deadline error naming it") {
   CHECK(all_zero(codes));
 }
 
+TEST_CASE("construction is bounded by setup_timeout, the calls by timeout") {
+  // Rank 1 comes late to construction, later than the call timeout.
+  const auto late = std::chrono::milliseconds(800);
+  const auto call_timeout = std::chrono::milliseconds(200);
+  const shape s{2, 16, 128, 2, 4, routing::random, 9};
+  SUBCASE("a setup_timeout that covers the late rank") {
+    const auto codes = launch_local(s.world, [&](local_bootstrap& boot) {
+      if (boot.rank() == 1) std::this_thread::sleep_for(late);
+      buffer_config cfg{4, 128, 2, 16, 0, call_timeout};
+      cfg.setup_timeout = std::chrono::milliseconds(20'000);
+      buffer<shm::transport, bf16> buf(boot, cfg);
+      std::vector<test::rank_input<bf16>> all;
+      for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<bf16>(s, r));
+      const auto& mine = all[boot.rank()];
+      const auto res =
+          buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+      return test::check_dispatch(s, boot.rank(), all, res).empty() ? 0 : 1;
+    });
+    CHECK(all_zero(codes));
+  }
+  SUBCASE("none: construction has the call timeout") {
+    const auto codes = launch_local(s.world, [&](local_bootstrap& boot) {
+      if (boot.rank() == 1) std::this_thread::sleep_for(late);
+      try {
+        buffer<shm::transport, bf16> buf(boot, {4, 128, 2, 16, 0, call_timeout});
+      } catch (const error& e) {
+        // Rank 0 gave up waiting; rank 1 then finds it gone or late.
+        if (boot.rank() == 1) return 0;
+        const std::string w = e.what();
+        return w.find("deadline") != std::string::npos
+                   ? 0
+                   : (std::fprintf(stderr, "%s\n", w.c_str()), 2);
+      }
+      return 1;
+    });
+    CHECK(all_zero(codes));
+  }
+}
+
 TEST_CASE("fp8 hidden that is not a multiple of 128 is rejected everywhere") {
   const auto codes = launch_local(2, [](local_bootstrap& boot) {
     buffer<shm::transport, fp8_e4m3> buf(boot, {4, 256, 2, 8, 0, std::chrono::milliseconds(5'000)});

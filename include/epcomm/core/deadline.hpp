@@ -23,6 +23,16 @@ inline std::chrono::milliseconds effective_timeout(std::chrono::milliseconds con
   return configured;
 }
 
+// Construction (agreeing on the config, setting up the transport, connecting)
+// has its own bound: bringing up a large group takes longer than a call
+// should, and a short call timeout chosen to find a lost rank quickly must not
+// fail set-up. The config's setup_timeout when positive, else the call timeout
+// in force.
+template <class Config>
+std::chrono::milliseconds setup_timeout_of(const Config& cfg) {
+  return cfg.setup_timeout.count() > 0 ? cfg.setup_timeout : effective_timeout(cfg.timeout);
+}
+
 class deadline {
  public:
   explicit deadline(steady::time_point at) : at_(at) {}

@@ -33,12 +33,14 @@ class device_link {
   // Peers' memory is not mapped: the kernels go through the proxy.
   static constexpr bool via_proxy = !device_transport<Transport>;
 
-  // Collective, like the transport's constructor. `rma_memory` places an RMA
-  // transport's buffer; `channels` is how many the kernels push to.
+  // Collective, like the transport's constructor, which `setup` bounds;
+  // `timeout` bounds the transport's and the proxy's waits afterwards.
+  // `rma_memory` places an RMA transport's buffer; `channels` is how many the
+  // kernels push to.
   template <class B>
-  device_link(B& boot, std::size_t bytes, std::size_t slots, std::chrono::milliseconds timeout,
-              proxy::memory_kind rma_memory, int channels)
-      : transport_(make_transport(boot, bytes, slots, timeout, rma_memory)),
+  device_link(B& boot, std::size_t bytes, std::size_t slots, const deadline& setup,
+              std::chrono::milliseconds timeout, proxy::memory_kind rma_memory, int channels)
+      : transport_(make_transport(boot, bytes, slots, setup, timeout, rma_memory)),
         proxy_(transport_, gpu_proxy_options{.channels = channels, .timeout = timeout}) {}
 
   Transport& transport() { return transport_; }
@@ -93,9 +95,8 @@ class device_link {
 
  private:
   template <class B>
-  static Transport make_transport(B& boot, std::size_t bytes, std::size_t slots,
+  static Transport make_transport(B& boot, std::size_t bytes, std::size_t slots, const deadline& dl,
                                   std::chrono::milliseconds timeout, proxy::memory_kind memory) {
-    const deadline dl = deadline::after(timeout);
     if constexpr (via_proxy) {
       typename Transport::options_type opt{};
       opt.timeout = timeout;

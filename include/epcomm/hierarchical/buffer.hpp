@@ -90,8 +90,8 @@ requires peer_mapped_transport<Intra> &&
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
-        cap_(agree_capacity<Token>(boot, cfg, timeout_)),
-        per_node_(agreed_node_size(boot, timeout_)),
+        cap_(agree_capacity<Token>(boot, cfg, setup_timeout_of(cfg))),
+        per_node_(agreed_node_size(boot, setup_timeout_of(cfg))),
         nodes_(world_ / per_node_),
         node_(rank_ / per_node_),
         local_(rank_ % per_node_),
@@ -99,12 +99,13 @@ requires peer_mapped_transport<Intra> &&
         rail_plan_(wire::hier::plan_rail(cap_, nodes_, per_node_, !inter_mapped)),
         intra_(boot, node_, "node", "node " + std::to_string(node_), node_members(),
                subgroup_locality::parent_nodes, node_plan_.total,
-               wire::hier::signal_slots<node_signal>(per_node_), deadline::after(timeout_)),
+               wire::hier::signal_slots<node_signal>(per_node_),
+               deadline::after(setup_timeout_of(cfg))),
         // A peer-mapped rail must map every member, so its group declares one node.
         inter_(boot, local_, "rail", "rail " + std::to_string(local_), rail_members(),
                inter_mapped ? subgroup_locality::one_node : subgroup_locality::parent_nodes,
                rail_plan_.total, wire::hier::signal_slots<rail_signal>(nodes_),
-               deadline::after(timeout_)) {
+               deadline::after(setup_timeout_of(cfg))) {
     for (int i = 0; i < per_node_; ++i)
       if (!intra_.transport().is_peer_mapped(i))
         throw error(rank_, "hierarchical buffer", intra_.world_rank(i),

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "epcomm/core/deadline.hpp"
-#include "epcomm/low_latency/wire.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/low_latency/wire.hpp"
 
 namespace epcomm {
 
@@ -31,6 +31,9 @@ struct low_latency_config {
   // group. Host engine over a peer-mapped transport that can tell a peer's
   // exit (shm) only; see docs/low_latency.md.
   bool mask_lost_ranks = false;
+  // Bound on construction (config agreement, transport set-up, connections);
+  // 0: the call timeout in force. See setup_timeout_of.
+  std::chrono::milliseconds setup_timeout{0};
 };
 
 struct ll_dispatch_input {

@@ -117,14 +117,14 @@ class low_latency_buffer {
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
         mask_lost_ranks_(cfg.mask_lost_ranks),
-        shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, {}, can_mask_lost_ranks)),
+        shape_(agree_ll_shape<Wire>(boot, cfg, setup_timeout_of(cfg), {}, can_mask_lost_ranks)),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         // One proxy channel per parity, so that reusing a parity's staging
         // waits only for that parity's puts.
         link_(
             [&] {
               return Transport(boot, plan_.total, wire::ll::signal_slots(shape_),
-                               deadline::after(timeout_));
+                               deadline::after(setup_timeout_of(cfg)));
             },
             wire::ll::parities),
         next_slot_(shape_.num_experts),

@@ -30,6 +30,9 @@ struct buffer_config {
   // counted instead of failing the group. Host engine over a peer-mapped
   // transport that can tell a peer's exit (shm) only; see docs/reliability.md.
   bool mask_lost_ranks = false;
+  // Bound on construction (config agreement, transport set-up, connections);
+  // 0: the call timeout in force. See setup_timeout_of.
+  std::chrono::milliseconds setup_timeout{0};
 };
 
 template <token_type Token>

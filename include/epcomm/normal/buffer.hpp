@@ -78,11 +78,11 @@ class buffer {
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
-        cap_(agree_capacity<Token>(boot, cfg, timeout_, can_mask_lost_ranks)),
+        cap_(agree_capacity<Token>(boot, cfg, setup_timeout_of(cfg), can_mask_lost_ranks)),
         plan_(wire::plan_regions(cap_, via_proxy, !via_proxy)),
         link_([&] {
           return Transport(boot, plan_.total, wire::signal_slots(world_),
-                           deadline::after(timeout_));
+                           deadline::after(setup_timeout_of(cfg)));
         }),
         mask_lost_ranks_(cfg.mask_lost_ranks),
         lost_(world_, false) {

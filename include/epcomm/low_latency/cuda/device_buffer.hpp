@@ -133,11 +133,11 @@ class low_latency_device_buffer {
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
-        shape_(agree_ll_shape<Wire>(boot, cfg, timeout_, device_limits(cfg, world_))),
+        shape_(agree_ll_shape<Wire>(boot, cfg, setup_timeout_of(cfg), device_limits(cfg, world_))),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         // A channel per parity, and one for the abort relay.
-        link_(boot, plan_.total, ll_device_signal_slots(shape_), timeout_, rma_memory,
-              wire::ll::parities + 1),
+        link_(boot, plan_.total, ll_device_signal_slots(shape_),
+              deadline::after(setup_timeout_of(cfg)), timeout_, rma_memory, wire::ll::parities + 1),
         calls_(rank_, timeout_) {
     if constexpr (!via_proxy)
       require_peer_mapped(link_.transport(), rank_, world_, "low_latency_buffer",

@@ -121,12 +121,12 @@ class device_buffer {
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
-        cap_(agree_capacity<Token>(boot, cfg, timeout_)),
+        cap_(agree_capacity<Token>(boot, cfg, setup_timeout_of(cfg))),
         plan_(wire::plan_regions(cap_, via_proxy)),
         // One channel for the calls' puts (their kernels are stream-ordered)
         // and one for the abort relay.
-        link_(boot, plan_.total, with_abort_words(wire::signal_slots(world_), world_), timeout_,
-              rma_memory, 2),
+        link_(boot, plan_.total, with_abort_words(wire::signal_slots(world_), world_),
+              deadline::after(setup_timeout_of(cfg)), timeout_, rma_memory, 2),
         calls_(rank_, timeout_) {
     if constexpr (!via_proxy)
       require_peer_mapped(link_.transport(), rank_, world_, "buffer",
