@@ -74,15 +74,12 @@ add_subdirectory(${CMAKE_CURRENT_LIST_DIR}/../transports/nvlink_ipc
 # -Xcompiler and nvcc's own warnings as errors; C++ sources get the usual set.
 # EPCOMM_WARNINGS_AS_ERRORS=OFF keeps the warnings and drops the errors.
 add_library(epcomm_cuda_warnings INTERFACE)
-if(EPCOMM_WARNINGS_AS_ERRORS)
-  target_compile_options(epcomm_cuda_warnings INTERFACE
-    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror -Werror=all-warnings>
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>)
-else()
-  target_compile_options(epcomm_cuda_warnings INTERFACE
-    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>)
-endif()
+set(_epcomm_as_errors $<BOOL:${EPCOMM_WARNINGS_AS_ERRORS}>)
+target_compile_options(epcomm_cuda_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra$<${_epcomm_as_errors}:,-Werror>>
+  $<$<AND:$<COMPILE_LANGUAGE:CUDA>,${_epcomm_as_errors}>:-Werror=all-warnings>
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic $<${_epcomm_as_errors}:-Werror>>)
+unset(_epcomm_as_errors)
 
 if(EPCOMM_BUILD_BENCH)
   add_subdirectory(${CMAKE_CURRENT_LIST_DIR}/../bench/gpu ${PROJECT_BINARY_DIR}/bench/gpu)
