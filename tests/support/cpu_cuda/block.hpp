@@ -266,17 +266,19 @@ class block {
       for (unsigned lane = 0; lane < lanes; ++lane) {
         if ((group >> lane & 1u) == 0) continue;
         const device_thread& other = threads_[first + lane];
-        const std::string waits = where_warp(warp) + ": lane " + std::to_string(waiter) +
-                                  " waits in " + describe(w.call) + " but lane " +
-                                  std::to_string(lane);
+        // Built only for a fault: this runs after every lane's every step.
+        const auto waits = [&] {
+          return where_warp(warp) + ": lane " + std::to_string(waiter) + " waits in " +
+                 describe(w.call) + " but lane " + std::to_string(lane);
+        };
         switch (other.now) {
           case device_thread::state::exited:
-            return record(waits + " exited");
+            return record(waits() + " exited");
           case device_thread::state::at_barrier:
-            return record(waits + " waits at " + name(barrier_kind_));
+            return record(waits() + " waits at " + name(barrier_kind_));
           case device_thread::state::in_collective:
             if (!other.call.same_collective(w.call)) {
-              return record(waits + " calls " + describe(other.call));
+              return record(waits() + " calls " + describe(other.call));
             }
             break;
           case device_thread::state::runnable:
