@@ -64,9 +64,12 @@ inline std::string describe(const scenario& sc, const char* dtype) {
   return s;
 }
 
+// Byte equality; empty spans (whose data() may be null, which memcmp must
+// not see) are equal.
 template <class T>
 bool same_bytes(std::span<const T> a, std::span<const T> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 template <class T>

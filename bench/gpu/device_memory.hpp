@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -18,10 +19,13 @@ template <class T>
 class device_array {
  public:
   device_array() = default;
+  // Never null, even when empty: epcomm's device calls read a null optional
+  // input (combine's topk_weights) as "not given", and a rank that received
+  // no rows still gives its (empty) weights.
   explicit device_array(std::size_t n) : n_(n) {
     void* p = nullptr;
-    if (n_ != 0)
-      cuda::check_cuda(cudaMalloc(&p, n_ * sizeof(T)), -1, "gpu check", -1, "cudaMalloc");
+    cuda::check_cuda(cudaMalloc(&p, std::max<std::size_t>(n_, 1) * sizeof(T)), -1, "gpu check",
+                     -1, "cudaMalloc");
     p_ = static_cast<T*>(p);
   }
   explicit device_array(std::span<const T> host) : device_array(host.size()) { upload(host); }

@@ -103,24 +103,19 @@ struct ll_snapshot {
   ll_dispatch_result<Wire> view() const { return {x, scales, count, src, range, {}}; }
 };
 
-template <class T>
-bool same_span(std::span<const T> a, std::span<const T> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
-
 // The packed outputs of both engines: counts, ranges and every valid row.
 template <class Wire>
 std::string compare_dispatch(const ll_dispatch_result<Wire>& h, const ll_snapshot<Wire>& d,
                              const wire::ll::shape& s) {
-  if (!same_span<std::int32_t>(h.recv_count, d.count)) return "recv_count differs";
-  if (!same_span<wire::ll::range>(h.recv_range, d.range)) return "recv_range differs";
+  if (!same_bytes<std::int32_t>(h.recv_count, d.count)) return "recv_count differs";
+  if (!same_bytes<wire::ll::range>(h.recv_range, d.range)) return "recv_range differs";
   const std::size_t rpe = s.rows_per_expert(), hd = s.hidden, ns = s.scales_per_token();
   for (int le = 0; le < s.local_experts(); ++le) {
     const std::size_t first = le * rpe, n = d.count[le];
-    if (!same_span<Wire>(h.recv_x.subspan(first * hd, n * hd),
+    if (!same_bytes<Wire>(h.recv_x.subspan(first * hd, n * hd),
                          std::span<const Wire>(d.x).subspan(first * hd, n * hd)))
       return "recv_x of local expert " + std::to_string(le) + " differs";
-    if (ns != 0 && !same_span<float>(h.recv_x_scales.subspan(first * ns, n * ns),
+    if (ns != 0 && !same_bytes<float>(h.recv_x_scales.subspan(first * ns, n * ns),
                                      std::span<const float>(d.scales).subspan(first * ns, n * ns)))
       return "recv_x_scales of local expert " + std::to_string(le) + " differs";
     if (std::memcmp(h.recv_src.data() + first, d.src.data() + first,
@@ -254,7 +249,7 @@ std::string after_combine(ll_engines<Wire, Link>& e, const ll_flight<Wire>& f,
   e.dev.synchronize(e.stream);
   const std::size_t n = static_cast<std::size_t>(f.call.tokens[e.rank]) * e.shape().hidden;
   const auto got = device_array<bf16>::read(dout, n);
-  if (!same_span<bf16>(got, hout)) return "combine output differs from the host engine's";
+  if (!same_bytes<bf16>(got, hout)) return "combine output differs from the host engine's";
   if (auto err = test::check_ll_combine<Wire>(f.call, e.rank, e.round, got); !err.empty())
     return "combine: " + err;
   return compare_combine_wire(e, f.hres.handle.parity);
@@ -467,7 +462,7 @@ std::string check_ll_graph_replay(ll_engines<Wire, Link>& e, std::uint64_t seed)
     const auto out = device_array<bf16>::read(dout, want.size());
     if (auto err = compare_dispatch(f.hres, d, s); !err.empty())
       failure = "replay " + std::to_string(replay) + ": dispatch: " + err;
-    else if (!same_span<bf16>(out, want))
+    else if (!same_bytes<bf16>(out, want))
       failure = "replay " + std::to_string(replay) + ": combine differs from the host engine's";
   }
   cudaGraphExecDestroy(exec);
@@ -521,8 +516,10 @@ int check_ll_rank(local_bootstrap& boot, bool quick) {
     try {
       fail_if(tag + " full", run_ll_call(e, make(max, 8, routing::random, 1), false));
       fail_if(tag + " uneven, zero copy", run_ll_call(e, make(-1, 8, routing::uneven, 2), true));
+      // Half the tokens: a token may name an expert twice, so no expert is
+      // named more than max times even when one rank holds every expert.
       fail_if(tag + " repeated expert",
-              run_ll_call(e, make(max, 6, routing::random, 3, true), true));
+              run_ll_call(e, make(max / 2, 6, routing::random, 3, true), true));
       if (!fp8 && sc.hidden == 200)
         fail_if(tag + " misaligned x", run_ll_call(e, make(7, 3, routing::random, 4), false, 1));
       if (sc.hidden != 7168 || quick) continue;

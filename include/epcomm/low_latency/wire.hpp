@@ -74,7 +74,8 @@ struct count_word {
 };
 
 // Why a rank rejected a call, written before the count words that say so.
-struct reject_record {
+// 16-byte aligned: kernels copy it with 16-byte vectors, from shared memory too.
+struct alignas(16) reject_record {
   std::uint64_t epoch;
   char cause[cause_bytes];  // NUL-terminated
 };
