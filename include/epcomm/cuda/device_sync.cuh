@@ -17,24 +17,46 @@
 
 namespace epcomm::cuda::device {
 
+#if defined(EPCOMM_DEVICE_CODE_ON_HOST)
+// Device code compiled by a host compiler to run on the CPU: the execution
+// layer that does so (tests/support/cpu_cuda) defines these three. Its
+// acquire load also lets the block's other threads run, as a GPU's other
+// warps run while one polls.
+std::uint64_t host_load_acquire(const std::uint64_t* p);
+void host_add_release(std::uint64_t* p, std::uint64_t n);
+std::uint64_t host_now_ns();
+#endif
+
 __device__ __forceinline__ std::uint64_t load_acquire(const std::uint64_t* p) {
+#if defined(EPCOMM_DEVICE_CODE_ON_HOST)
+  return host_load_acquire(p);
+#else
   std::uint64_t v;
   asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
+#endif
 }
 
 // Adds n to a (possibly remote) counter after every earlier store of this
 // thread has become visible to whoever acquires the new value.
 __device__ __forceinline__ void add_release(std::uint64_t* p, std::uint64_t n) {
+#if defined(EPCOMM_DEVICE_CODE_ON_HOST)
+  host_add_release(p, n);
+#else
   asm volatile("red.release.sys.add.u64 [%0], %1;" ::"l"(p), "l"(n) : "memory");
+#endif
 }
 
 // Nanoseconds of a clock shared by every SM (and, for our purposes, every
 // process on the node): deadlines are wall-clock, like the host's.
 __device__ __forceinline__ std::uint64_t now_ns() {
+#if defined(EPCOMM_DEVICE_CODE_ON_HOST)
+  return host_now_ns();
+#else
   std::uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+#endif
 }
 
 // Tells every peer, through its abort word there, that this rank gave up

@@ -3,8 +3,8 @@
 // indices, block barriers, warp collectives, atomics, fences and the integer
 // and float intrinsics. Include it before the kernel source.
 //
-// __shared__ is `static thread_local`: an SM (OS thread) runs one block at a
-// time to completion, so its thread_local copy is that block's shared memory.
+// __shared__ is `thread_local`: an SM (OS thread) runs one block at a time to
+// completion, so its thread_local copy is that block's shared memory.
 // Like CUDA's, it starts each block with whatever the last block left there.
 #pragma once
 
@@ -70,11 +70,19 @@ inline constexpr auto atomic_order = std::memory_order_relaxed;
 
 }  // namespace epcomm::test::cpu_cuda
 
+// (In place of the CUDA toolkit's definitions when its headers came first.)
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __shared__
 #define __global__
 #define __device__
 #define __host__
-#define __forceinline__
-#define __shared__ static thread_local
+#define __forceinline__ inline  // as nvcc's, which implies inline
+// thread_local alone: at block scope it implies static, and an
+// `extern __shared__` array then names a thread_local the test defines.
+#define __shared__ thread_local
 
 #define threadIdx (::epcomm::test::cpu_cuda::current().thread_idx)
 #define blockIdx (::epcomm::test::cpu_cuda::current().owner->block_idx())
@@ -82,7 +90,10 @@ inline constexpr auto atomic_order = std::memory_order_relaxed;
 #define gridDim (::epcomm::test::cpu_cuda::current().owner->grid_dim())
 #define warpSize (::epcomm::test::cpu_cuda::warp_size)
 
+// The toolkit's own dim3 when its headers came first (kernels.hpp).
+#if !defined(__VECTOR_TYPES_H__)
 using dim3 = ::epcomm::test::cpu_cuda::dim3;
+#endif
 
 inline void __syncthreads() {
   ::epcomm::test::cpu_cuda::syncthreads(::epcomm::test::cpu_cuda::barrier_kind::sync, 0);

@@ -1,7 +1,7 @@
 // launch(): runs a kernel's grid on the CPU. Blocks run concurrently on
 // options.sms OS threads ("SMs"); each SM takes the next block of a
 // seed-shuffled order and runs it to completion before taking another, so
-// __shared__ (static thread_local) belongs to the one block an SM runs, and
+// __shared__ (thread_local) belongs to the one block an SM runs, and
 // blocks that wait on each other progress as long as there are SMs for them.
 //
 // The first fault of any block stops the grid: no SM takes another block, and

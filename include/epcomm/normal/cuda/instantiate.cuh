@@ -21,6 +21,7 @@
 #include <cstddef>
 
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/cuda/kernel_launch.hpp"
 #include "epcomm/normal/cuda/combine.cuh"
 #include "epcomm/normal/cuda/dispatch.cuh"
 #include "epcomm/normal/cuda/layout.cuh"
@@ -44,24 +45,25 @@ template <class Token, int Ranks, int Hidden>
 int launch_dispatch(const dispatch_args& a, stream_t stream) {
   const int world = a.peers.world_size;
   const auto expert_bytes = static_cast<std::size_t>(a.num_experts / world) * sizeof(int);
-  device::layout_kernel<Ranks><<<world, device::layout_threads, expert_bytes, stream>>>(a);
-  device::notify_kernel<Ranks><<<1, device::notify_threads, 0, stream>>>(a);
+  EPCOMM_KERNEL_LAUNCH(world, device::layout_threads, expert_bytes, stream,
+                       device::layout_kernel<Ranks>)(a);
+  EPCOMM_KERNEL_LAUNCH(1, device::notify_threads, 0, stream, device::notify_kernel<Ranks>)(a);
   const unsigned senders = detail::blocks_for(a.num_tokens, device::dispatch_warps, a.sm_count);
-  device::dispatch_kernel<Token, Ranks, Hidden>
-      <<<senders + 1, device::dispatch_threads, device::dispatch_shared_bytes(world), stream>>>(a);
+  EPCOMM_KERNEL_LAUNCH(senders + 1, device::dispatch_threads, device::dispatch_shared_bytes(world),
+                       stream, device::dispatch_kernel<Token, Ranks, Hidden>)(a);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <class Out, int Ranks, int Hidden>
 int launch_combine(const combine_args& a, stream_t stream) {
   const int world = a.peers.world_size;
-  device::combine_ready_kernel<Ranks><<<1, device::notify_threads, 0, stream>>>(a);
+  EPCOMM_KERNEL_LAUNCH(1, device::notify_threads, 0, stream, device::combine_ready_kernel<Ranks>)(a);
   const unsigned senders = detail::blocks_for(a.y_rows, device::combine_warps, a.sm_count);
-  device::combine_send_kernel<Out, Ranks, Hidden>
-      <<<senders, device::combine_threads, 0, stream>>>(a);
+  EPCOMM_KERNEL_LAUNCH(senders, device::combine_threads, 0, stream,
+                       device::combine_send_kernel<Out, Ranks, Hidden>)(a);
   const unsigned reducers = detail::blocks_for(a.num_tokens, device::combine_warps, a.sm_count);
-  device::combine_reduce_kernel<Out, Ranks, Hidden>
-      <<<reducers, device::combine_threads, device::reduce_shared_bytes(world), stream>>>(a);
+  EPCOMM_KERNEL_LAUNCH(reducers, device::combine_threads, device::reduce_shared_bytes(world), stream,
+                       device::combine_reduce_kernel<Out, Ranks, Hidden>)(a);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -1,0 +1,58 @@
+// The kernels of include/epcomm run on the CPU (tests/support/cpu_cuda), end
+// to end through cuda::device_buffer and cuda::low_latency_device_buffer over
+// the nvlink_ipc transport, on forked ranks: bench/gpu's correctness and
+// failure checks, each compared byte for byte with the host engine run on the
+// same inputs and with the test suite's reference. One test case per mode,
+// token type and rank count, so that CTest can spread them.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "correctness.hpp"
+#include "epcomm/bootstrap/local.hpp"
+#include "ll_correctness.hpp"
+
+namespace {
+
+using namespace epcomm;
+using namespace epcomm::gpu_check;
+
+void on_ranks(int world, const std::function<int(local_bootstrap&)>& rank_check) {
+  local_launch_options lo;
+  lo.timeout = std::chrono::minutes(3);
+  const std::vector<int> codes = launch_local(world, rank_check, lo);
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << " of " << world << " (its failures are on stderr)");
+    CHECK(codes[r] == 0);
+  }
+}
+
+}  // namespace
+
+#define EPCOMM_NORMAL_CASE(TOKEN, WORLD)                                             \
+  TEST_CASE("normal " #TOKEN " on " #WORLD " ranks") {                               \
+    on_ranks(WORLD, [](local_bootstrap& b) { return check_rank<TOKEN>(b, false); }); \
+  }
+#define EPCOMM_LL_CASE(TOKEN, WORLD)                                                    \
+  TEST_CASE("low-latency " #TOKEN " on " #WORLD " ranks") {                             \
+    on_ranks(WORLD, [](local_bootstrap& b) { return check_ll_rank<TOKEN>(b, false); }); \
+  }
+
+EPCOMM_NORMAL_CASE(bf16, 1)
+EPCOMM_NORMAL_CASE(bf16, 2)
+EPCOMM_NORMAL_CASE(bf16, 3)
+EPCOMM_NORMAL_CASE(bf16, 4)
+EPCOMM_NORMAL_CASE(fp8_e4m3, 1)
+EPCOMM_NORMAL_CASE(fp8_e4m3, 2)
+EPCOMM_NORMAL_CASE(float, 2)
+EPCOMM_LL_CASE(bf16, 1)
+EPCOMM_LL_CASE(bf16, 2)
+EPCOMM_LL_CASE(bf16, 3)
+EPCOMM_LL_CASE(bf16, 4)
+EPCOMM_LL_CASE(fp8_e4m3, 2)
+
+TEST_CASE("normal absent peer on 3 ranks") { on_ranks(3, check_absent_peer<>); }
+
+TEST_CASE("low-latency absent peer on 3 ranks") { on_ranks(3, check_ll_absent_peer<>); }

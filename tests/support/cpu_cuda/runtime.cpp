@@ -1,0 +1,414 @@
+// The CUDA runtime on the CPU (runtime.hpp says what it models), and the
+// three device_sync.cuh helpers kernels.hpp routes here. Link it instead of
+// libcudart.
+#include "support/cpu_cuda/runtime.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "support/cpu_cuda/device_api.hpp"
+
+// ---- the kernels' side (kernels.hpp) -----------------------------------------
+
+namespace epcomm::cuda::device {
+
+std::uint64_t host_load_acquire(const std::uint64_t* p) {
+  test::cpu_cuda::yield();
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+void host_add_release(std::uint64_t* p, std::uint64_t n) {
+  __atomic_fetch_add(p, n, __ATOMIC_RELEASE);
+}
+
+std::uint64_t host_now_ns() { return test::cpu_cuda::globaltimer_ns(); }
+}  // namespace epcomm::cuda::device
+
+// ---- streams, graphs and the context's state -----------------------------------
+
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+
+struct CUstream_st {
+  CUgraph_st* capture = nullptr;  // while captured: where its work goes
+};
+
+namespace epcomm::test::cpu_cuda {
+namespace {
+
+// A kernel fault breaks the context for good, as a device exception does.
+std::atomic<cudaError_t> sticky{cudaSuccess};
+thread_local cudaError_t last_launch = cudaSuccess;
+std::atomic<std::uint64_t> launches{0};
+
+// The legacy default stream (null): it can be captured like any other here.
+CUstream_st default_stream;
+
+CUstream_st& stream_of(cudaStream_t s) { return s == nullptr ? default_stream : *s; }
+
+cudaError_t status() { return sticky.load(); }
+
+std::uint64_t env_number(const char* name, std::uint64_t fallback) {
+  const char* s = std::getenv(name);
+  return s == nullptr || *s == '\0' ? fallback : std::strtoull(s, nullptr, 10);
+}
+
+// Device memory: a memfd per allocation, so that another process can map it
+// (cudaIpcOpenMemHandle) through /proc/<pid>/fd.
+struct allocation {
+  int fd;
+  std::size_t bytes;
+};
+
+struct ipc_handle {
+  std::int32_t pid;
+  std::int32_t fd;
+  std::uint64_t bytes;
+};
+static_assert(sizeof(ipc_handle) <= sizeof(cudaIpcMemHandle_t));
+
+std::mutex memory_mutex;
+std::map<const void*, allocation> device_allocations;
+std::map<const void*, std::size_t> peer_mappings;
+
+std::size_t page_rounded(std::size_t bytes) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return (std::max<std::size_t>(bytes, 1) + page - 1) / page * page;
+}
+
+}  // namespace
+
+const device_settings& settings() {
+  static const device_settings s{
+      static_cast<unsigned>(std::max<std::uint64_t>(env_number("EPCOMM_CPU_CUDA_SMS", 2), 1)),
+      env_number("EPCOMM_CPU_CUDA_SEED", 1),
+      std::chrono::milliseconds(env_number("EPCOMM_CPU_CUDA_DEADLINE_MS", 120'000))};
+  return s;
+}
+
+void enqueue(cudaStream_t stream, std::function<void()> op) {
+  CUstream_st& s = stream_of(stream);
+  if (s.capture != nullptr)
+    s.capture->ops.push_back(std::move(op));
+  else
+    op();
+}
+
+void set_launch_error(cudaError_t e) { last_launch = e; }
+
+void run_grid(const char* kernel, const std::function<void(const launch_options&)>& grid) {
+  if (status() != cudaSuccess) return;  // a broken context runs nothing
+  launch_options opt;
+  opt.sms = settings().sms;
+  opt.deadline = settings().deadline;
+  opt.seed = settings().seed + launches.fetch_add(1);
+  try {
+    grid(opt);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n  in kernel %s, pid %d, schedule seed %llu\n", e.what(), kernel,
+                 static_cast<int>(getpid()), static_cast<unsigned long long>(opt.seed));
+    sticky.store(cudaErrorLaunchFailure);
+  }
+}
+
+}  // namespace epcomm::test::cpu_cuda
+
+// ---- the runtime API -------------------------------------------------------------
+
+namespace cc = epcomm::test::cpu_cuda;
+
+extern "C" {
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = cc::last_launch;
+  cc::last_launch = cudaSuccess;
+  return e != cudaSuccess ? e : cc::status();
+}
+
+cudaError_t cudaPeekAtLastError() {
+  return cc::last_launch != cudaSuccess ? cc::last_launch : cc::status();
+}
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    case cudaErrorMapBufferObjectFailed:
+      return "cudaErrorMapBufferObjectFailed";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure (a kernel faulted on the CPU execution layer; its "
+             "fault is on stderr)";
+    case cudaErrorMapBufferObjectFailed:
+      return "the peer's allocation could not be mapped";
+    default:
+      return cudaGetErrorName(e);
+  }
+}
+
+// ---- device ----
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cc::status() : cudaErrorInvalidDevice;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cc::status();
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = static_cast<int>(cc::settings().sms);
+      return cc::status();
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(cc::max_dynamic_shared_bytes);
+      return cc::status();
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t cudaDeviceSynchronize() { return cc::status(); }
+
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
+      (value < 0 || static_cast<std::size_t>(value) > cc::max_dynamic_shared_bytes))
+    return cudaErrorInvalidValue;
+  return cc::status();
+}
+
+// No driver here: the nvlink_ipc transport's fabric path reports it.
+cudaError_t cudaGetDriverEntryPointByVersion(const char*, void** function, unsigned int,
+                                             unsigned long long,
+                                             cudaDriverEntryPointQueryResult* result) {
+  *function = nullptr;
+  if (result != nullptr) *result = cudaDriverEntryPointSymbolNotFound;
+  return cudaErrorNotSupported;
+}
+
+// ---- memory ----
+
+// Like CUDA's, fresh device memory holds whatever it held before: 0xA5 bytes
+// here, so a kernel that reads what nobody wrote sees garbage, not zeros.
+cudaError_t cudaMalloc(void** pointer, size_t bytes) {
+  *pointer = nullptr;
+  const std::size_t length = cc::page_rounded(bytes);
+  const int fd = memfd_create("epcomm-cpu-cuda", MFD_CLOEXEC);
+  if (fd < 0) return cudaErrorMemoryAllocation;
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(length)) == 0)
+    p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return cudaErrorMemoryAllocation;
+  }
+  std::memset(p, 0xA5, length);
+  std::lock_guard lock(cc::memory_mutex);
+  cc::device_allocations[p] = {fd, length};
+  *pointer = p;
+  return cc::status();
+}
+
+cudaError_t cudaFree(void* pointer) {
+  if (pointer == nullptr) return cc::status();
+  std::lock_guard lock(cc::memory_mutex);
+  const auto it = cc::device_allocations.find(pointer);
+  if (it == cc::device_allocations.end()) return cudaErrorInvalidValue;
+  munmap(pointer, it->second.bytes);
+  close(it->second.fd);
+  cc::device_allocations.erase(it);
+  return cc::status();
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* pointer) {
+  std::lock_guard lock(cc::memory_mutex);
+  const auto it = cc::device_allocations.find(pointer);
+  if (it == cc::device_allocations.end()) return cudaErrorInvalidValue;
+  std::memset(handle, 0, sizeof *handle);
+  const cc::ipc_handle h{static_cast<std::int32_t>(getpid()), it->second.fd, it->second.bytes};
+  std::memcpy(handle, &h, sizeof h);
+  return cc::status();
+}
+
+cudaError_t cudaIpcOpenMemHandle(void** pointer, cudaIpcMemHandle_t handle, unsigned int) {
+  cc::ipc_handle h{};
+  std::memcpy(&h, &handle, sizeof h);
+  *pointer = nullptr;
+  if (h.pid == getpid()) return cudaErrorInvalidValue;  // CUDA refuses a process's own handle
+  const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return cudaErrorMapBufferObjectFailed;
+  void* p = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return cudaErrorMapBufferObjectFailed;
+  std::lock_guard lock(cc::memory_mutex);
+  cc::peer_mappings[p] = h.bytes;
+  *pointer = p;
+  return cc::status();
+}
+
+cudaError_t cudaIpcCloseMemHandle(void* pointer) {
+  std::lock_guard lock(cc::memory_mutex);
+  const auto it = cc::peer_mappings.find(pointer);
+  if (it == cc::peer_mappings.end()) return cudaErrorInvalidValue;
+  munmap(pointer, it->second);
+  cc::peer_mappings.erase(it);
+  return cc::status();
+}
+
+// Pinned host memory is host memory, and already "mapped into the device".
+cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
+  *pointer = std::aligned_alloc(256, cc::page_rounded(bytes));
+  return *pointer == nullptr ? cudaErrorMemoryAllocation : cc::status();
+}
+
+cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int) {
+  return cudaMallocHost(pointer, bytes);
+}
+
+cudaError_t cudaFreeHost(void* pointer) {
+  std::free(pointer);
+  return cc::status();
+}
+
+cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cc::status(); }
+cudaError_t cudaHostUnregister(void*) { return cc::status(); }
+
+cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int) {
+  *device = host;
+  return cc::status();
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (cc::status() != cudaSuccess) return cc::status();
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t stream) {
+  cc::enqueue(stream, [=] {
+    if (cc::status() == cudaSuccess) std::memcpy(dst, src, bytes);
+  });
+  return cc::status();
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (cc::status() != cudaSuccess) return cc::status();
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  cc::enqueue(stream, [=] {
+    if (cc::status() == cudaSuccess) std::memset(dst, value, bytes);
+  });
+  return cc::status();
+}
+
+// ---- streams and graphs ----
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  *stream = new CUstream_st;
+  return cc::status();
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream == nullptr) return cudaErrorInvalidValue;
+  delete stream;
+  return cc::status();
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cc::status(); }
+cudaError_t cudaStreamQuery(cudaStream_t) { return cc::status(); }
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  CUstream_st& s = cc::stream_of(stream);
+  if (s.capture != nullptr) return cudaErrorIllegalState;
+  s.capture = new CUgraph_st;
+  return cc::status();
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  CUstream_st& s = cc::stream_of(stream);
+  if (s.capture == nullptr) return cudaErrorIllegalState;
+  *graph = s.capture;
+  s.capture = nullptr;
+  return cc::status();
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = cc::stream_of(stream).capture != nullptr ? cudaStreamCaptureStatusActive
+                                                     : cudaStreamCaptureStatusNone;
+  return cc::status();
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->ops};
+  return cc::status();
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  for (const auto& op : exec->ops) cc::enqueue(stream, op);
+  return cc::status();
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+}  // extern "C"
