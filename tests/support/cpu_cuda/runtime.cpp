@@ -141,10 +141,6 @@ cudaError_t cudaGetLastError() {
   return e != cudaSuccess ? e : cc::status();
 }
 
-cudaError_t cudaPeekAtLastError() {
-  return cc::last_launch != cudaSuccess ? cc::last_launch : cc::status();
-}
-
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
     case cudaSuccess:
@@ -302,26 +298,14 @@ cudaError_t cudaIpcCloseMemHandle(void* pointer) {
   return cc::status();
 }
 
-// Pinned host memory is host memory, and already "mapped into the device".
+// Pinned host memory is host memory.
 cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
   *pointer = std::aligned_alloc(256, cc::page_rounded(bytes));
   return *pointer == nullptr ? cudaErrorMemoryAllocation : cc::status();
 }
 
-cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int) {
-  return cudaMallocHost(pointer, bytes);
-}
-
 cudaError_t cudaFreeHost(void* pointer) {
   std::free(pointer);
-  return cc::status();
-}
-
-cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cc::status(); }
-cudaError_t cudaHostUnregister(void*) { return cc::status(); }
-
-cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int) {
-  *device = host;
   return cc::status();
 }
 
@@ -358,8 +342,6 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
   *stream = new CUstream_st;
   return cc::status();
 }
-
-cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr) return cudaErrorInvalidValue;

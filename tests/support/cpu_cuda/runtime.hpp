@@ -1,9 +1,10 @@
 // The CUDA runtime as the kernels' host code sees it, on the CPU: runtime.cpp
-// defines the cuda* functions epcomm's buffers, the nvlink_ipc transport and
-// bench/gpu's checks call (over the real toolkit's declarations, so the code
-// compiles as it does for a GPU), and this header adds the one thing nvcc
-// would generate: kernel launches, enqueued on a stream (launch_on_stream,
-// what EPCOMM_KERNEL_LAUNCH expands to in kernels.hpp).
+// defines the cuda* functions epcomm's device buffers, the nvlink_ipc
+// transport and bench/gpu's checks call on that path (over the real toolkit's
+// declarations, so the code compiles as it does for a GPU; the GPU-fed
+// proxy's host-memory calls are not among them), and this header adds the
+// one thing nvcc would generate: kernel launches, enqueued on a stream
+// (launch_on_stream, what EPCOMM_KERNEL_LAUNCH expands to in kernels.hpp).
 //
 // Device memory is host memory: cudaMalloc maps a memfd, which
 // cudaIpcOpenMemHandle maps again in another process, as CUDA IPC maps a
