@@ -24,8 +24,8 @@ class device_array {
   // no rows still gives its (empty) weights.
   explicit device_array(std::size_t n) : n_(n) {
     void* p = nullptr;
-    cuda::check_cuda(cudaMalloc(&p, std::max<std::size_t>(n_, 1) * sizeof(T)), -1, "gpu check",
-                     -1, "cudaMalloc");
+    cuda::check_cuda(cudaMalloc(&p, std::max<std::size_t>(n_, 1) * sizeof(T)), -1, "gpu check", -1,
+                     "cudaMalloc");
     p_ = static_cast<T*>(p);
   }
   explicit device_array(std::span<const T> host) : device_array(host.size()) { upload(host); }

@@ -113,10 +113,10 @@ std::string compare_dispatch(const ll_dispatch_result<Wire>& h, const ll_snapsho
   for (int le = 0; le < s.local_experts(); ++le) {
     const std::size_t first = le * rpe, n = d.count[le];
     if (!same_bytes<Wire>(h.recv_x.subspan(first * hd, n * hd),
-                         std::span<const Wire>(d.x).subspan(first * hd, n * hd)))
+                          std::span<const Wire>(d.x).subspan(first * hd, n * hd)))
       return "recv_x of local expert " + std::to_string(le) + " differs";
     if (ns != 0 && !same_bytes<float>(h.recv_x_scales.subspan(first * ns, n * ns),
-                                     std::span<const float>(d.scales).subspan(first * ns, n * ns)))
+                                      std::span<const float>(d.scales).subspan(first * ns, n * ns)))
       return "recv_x_scales of local expert " + std::to_string(le) + " differs";
     if (std::memcmp(h.recv_src.data() + first, d.src.data() + first,
                     n * sizeof(wire::ll::source)) != 0)

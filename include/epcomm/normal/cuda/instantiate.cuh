@@ -46,24 +46,29 @@ int launch_dispatch(const dispatch_args& a, stream_t stream) {
   const int world = a.peers.world_size;
   const auto expert_bytes = static_cast<std::size_t>(a.num_experts / world) * sizeof(int);
   EPCOMM_KERNEL_LAUNCH(world, device::layout_threads, expert_bytes, stream,
-                       device::layout_kernel<Ranks>)(a);
+                       device::layout_kernel<Ranks>)
+  (a);
   EPCOMM_KERNEL_LAUNCH(1, device::notify_threads, 0, stream, device::notify_kernel<Ranks>)(a);
   const unsigned senders = detail::blocks_for(a.num_tokens, device::dispatch_warps, a.sm_count);
   EPCOMM_KERNEL_LAUNCH(senders + 1, device::dispatch_threads, device::dispatch_shared_bytes(world),
-                       stream, device::dispatch_kernel<Token, Ranks, Hidden>)(a);
+                       stream, device::dispatch_kernel<Token, Ranks, Hidden>)
+  (a);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <class Out, int Ranks, int Hidden>
 int launch_combine(const combine_args& a, stream_t stream) {
   const int world = a.peers.world_size;
-  EPCOMM_KERNEL_LAUNCH(1, device::notify_threads, 0, stream, device::combine_ready_kernel<Ranks>)(a);
+  EPCOMM_KERNEL_LAUNCH(1, device::notify_threads, 0, stream, device::combine_ready_kernel<Ranks>)
+  (a);
   const unsigned senders = detail::blocks_for(a.y_rows, device::combine_warps, a.sm_count);
   EPCOMM_KERNEL_LAUNCH(senders, device::combine_threads, 0, stream,
-                       device::combine_send_kernel<Out, Ranks, Hidden>)(a);
+                       device::combine_send_kernel<Out, Ranks, Hidden>)
+  (a);
   const unsigned reducers = detail::blocks_for(a.num_tokens, device::combine_warps, a.sm_count);
-  EPCOMM_KERNEL_LAUNCH(reducers, device::combine_threads, device::reduce_shared_bytes(world), stream,
-                       device::combine_reduce_kernel<Out, Ranks, Hidden>)(a);
+  EPCOMM_KERNEL_LAUNCH(reducers, device::combine_threads, device::reduce_shared_bytes(world),
+                       stream, device::combine_reduce_kernel<Out, Ranks, Hidden>)
+  (a);
   return static_cast<int>(cudaGetLastError());
 }
 
