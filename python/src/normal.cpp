@@ -1,0 +1,145 @@
+// Normal (throughput) mode for CPU tensors: epcomm::buffer over shared
+// memory, one class per token type (NormalBuffer_bf16, _fp8, _f32). Results
+// are views of the buffer; epcomm/buffer.py copies what must outlive the
+// next call.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include "bindings.hpp"
+#include "dlpack_tensor.hpp"
+#include "epcomm/normal/buffer.hpp"
+#include "epcomm/shm/transport.hpp"
+#include "group_bootstrap.hpp"
+
+namespace epcomm::python {
+namespace {
+
+template <class Token>
+class normal_buffer {
+ public:
+  using engine = buffer<shm::transport, Token>;
+  using combine_t = typename engine::combine_t;
+
+  normal_buffer(group_bootstrap& boot, const buffer_config& cfg)
+      : engine_(std::make_unique<engine>(boot, cfg)) {}
+
+  // (num_recv_tokens, recv_x, recv_x_scales or None, recv_topk_idx,
+  //  recv_topk_weights, recv_src_idx, num_recv_tokens_per_expert, handle)
+  py::tuple dispatch(py::object self, const py::object& x, const py::object& x_scales,
+                     const py::object& topk_idx, const py::object& topk_weights,
+                     int worst_case_recv_tokens) {
+    const call_site at{engine_->rank(), "dispatch"};
+    const auto xs = read_tensor<const Token>(x, "x", at);
+    const auto scales = read_tensor<const float>(x_scales, "x_scales", at);
+    const auto idx = read_tensor<const std::int64_t>(topk_idx, "topk_idx", at);
+    const auto weights = read_tensor<const float>(topk_weights, "topk_weights", at);
+    if (xs.shape.size() != 2 || idx.shape.size() != 2)
+      throw error(at.rank, at.op, no_peer, "invalid input: x and topk_idx must be 2-D");
+    dispatch_input<Token> in{static_cast<int>(xs.shape[0]),
+                             static_cast<int>(xs.shape[1]),
+                             static_cast<int>(idx.shape[1]),
+                             xs.data,
+                             scales.data,
+                             idx.data,
+                             weights.data};
+    dispatch_result<Token> res;
+    {
+      py::gil_scoped_release free;
+      res = engine_->dispatch(in, {.worst_case_recv_tokens = worst_case_recv_tokens});
+    }
+    const std::int64_t rows = static_cast<std::int64_t>(res.recv_src_idx.size());
+    const std::int64_t k = in.topk;
+    py::object recv_scales = py::none();
+    if (!res.recv_x_scales.empty() || !scales.data.empty())
+      recv_scales = export_view(res.recv_x_scales, {rows, in.hidden / 128}, self);
+    return py::make_tuple(res.num_recv_tokens, export_view(res.recv_x, {rows, in.hidden}, self),
+                          recv_scales, export_view(res.recv_topk_idx, {rows, k}, self),
+                          export_view(res.recv_topk_weights, {rows, k}, self),
+                          export_view(res.recv_src_idx, {rows}, self),
+                          res.num_recv_tokens_per_expert, std::move(res.handle));
+  }
+
+  py::capsule combine_send_buffer(py::object self, const dispatch_handle& h) {
+    return export_view(std::span<const combine_t>(engine_->combine_send_buffer(h)),
+                       {h.num_recv_tokens, h.hidden}, self);
+  }
+
+  // Writes out_x[T][H] and, when topk_weights is given, out_weights[T][K].
+  void combine(const py::object& y, const dispatch_handle& h, const py::object& topk_weights,
+               const py::object& bias_0, const py::object& bias_1, const py::object& out_x,
+               const py::object& out_weights) {
+    const call_site at{engine_->rank(), "combine"};
+    const auto ys = read_tensor<const combine_t>(y, "x", at);
+    const auto weights = read_tensor<const float>(topk_weights, "topk_weights", at);
+    combine_input<combine_t> in{ys.data, std::nullopt,
+                                read_tensor<const combine_t>(bias_0, "bias[0]", at).data,
+                                read_tensor<const combine_t>(bias_1, "bias[1]", at).data};
+    if (weights.given) in.topk_weights = weights.data;
+    const auto ox = read_tensor<combine_t>(out_x, "out", at);
+    const auto ow = read_tensor<float>(out_weights, "out topk_weights", at);
+    py::gil_scoped_release free;
+    engine_->combine(in, h, ox.data, ow.data);
+  }
+
+  engine& get() { return *engine_; }
+
+ private:
+  std::unique_ptr<engine> engine_;
+};
+
+template <class Token>
+void bind_normal_buffer(py::module_& m, const char* name) {
+  using B = normal_buffer<Token>;
+  py::class_<B>(m, name)
+      .def(py::init([](group_bootstrap& boot, int num_experts, int max_hidden, int max_topk,
+                       int max_tokens_per_rank, std::chrono::milliseconds timeout,
+                       bool mask_lost_ranks) {
+             return std::make_unique<B>(boot,
+                                        buffer_config{.num_experts = num_experts,
+                                                      .max_hidden = max_hidden,
+                                                      .max_topk = max_topk,
+                                                      .max_tokens_per_rank = max_tokens_per_rank,
+                                                      .timeout = timeout,
+                                                      .mask_lost_ranks = mask_lost_ranks});
+           }),
+           py::arg("bootstrap"), py::arg("num_experts"), py::arg("max_hidden"), py::arg("max_topk"),
+           py::arg("max_tokens_per_rank"), py::arg("timeout"), py::arg("mask_lost_ranks"))
+      .def("dispatch",
+           [](py::object self, const py::object& x, const py::object& x_scales,
+              const py::object& topk_idx, const py::object& topk_weights, int worst) {
+             return self.cast<B&>().dispatch(self, x, x_scales, topk_idx, topk_weights, worst);
+           })
+      .def("combine_send_buffer",
+           [](py::object self, const dispatch_handle& h) {
+             return self.cast<B&>().combine_send_buffer(self, h);
+           })
+      .def("combine", &B::combine)
+      .def_property_readonly("rank", [](B& b) { return b.get().rank(); })
+      .def_property_readonly("world_size", [](B& b) { return b.get().world_size(); })
+      .def("lost_ranks", [](B& b) { return b.get().lost_ranks(); })
+      .def("abort", [](B& b) { b.get().abort(); })
+      .def("wait_per_peer", [](B& b) { return b.get().stats().wait_per_peer; });
+}
+
+}  // namespace
+
+void bind_normal(py::module_& m) {
+  py::class_<dispatch_handle>(m, "DispatchHandle")
+      .def_readonly("rank", &dispatch_handle::rank)
+      .def_readonly("world_size", &dispatch_handle::world_size)
+      .def_readonly("num_tokens", &dispatch_handle::num_tokens)
+      .def_readonly("hidden", &dispatch_handle::hidden)
+      .def_readonly("topk", &dispatch_handle::topk)
+      .def_readonly("num_recv_tokens", &dispatch_handle::num_recv_tokens)
+      .def_readonly("count_matrix", &dispatch_handle::count_matrix);
+  bind_normal_buffer<bf16>(m, "NormalBuffer_bf16");
+  bind_normal_buffer<fp8_e4m3>(m, "NormalBuffer_fp8");
+  bind_normal_buffer<float>(m, "NormalBuffer_f32");
+}
+
+}  // namespace epcomm::python

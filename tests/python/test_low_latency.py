@@ -1,0 +1,103 @@
+"""Low-latency mode through epcomm.Buffer on CPU tensors, against reference.py."""
+
+import pytest
+import torch
+
+import epcomm
+import reference as ref
+from ranks import run_ranks
+
+EXPERTS, HIDDEN, TOPK, MAX_TOKENS = 12, 256, 3, 16
+
+
+def _inputs(seed, world, tokens, kind):
+    idxs = ref.routing(seed, world, tokens, EXPERTS, TOPK, kind)
+    xs = [ref.values(seed * 100 + s, i.size(0), HIDDEN, torch.bfloat16) for s, i in enumerate(idxs)]
+    g = torch.Generator().manual_seed(seed + 7)
+    ws = [torch.rand(i.size(0), TOPK, generator=g) for i in idxs]
+    return xs, idxs, ws
+
+
+def _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, use_fp8):
+    rows = ref.low_latency_rows(rank, world, EXPERTS, idxs)
+    assert recv_count.tolist() == [len(r) for r in rows]
+    if use_fp8:
+        data, scales = recv_x
+        # One fp32 scale per 128 channels; e4m3 keeps 3 mantissa bits.
+        got = ref.e4m3_to_float(data) * scales.repeat_interleave(128, dim=2)
+    else:
+        got = recv_x.float()
+    for e, expected in enumerate(rows):
+        # The handle says where each row came from (DeepEP's src_info): the
+        # same rows as the reference, each carrying its source's token.
+        sources = [tuple(v) for v in handle.src_info[e][:len(expected)].tolist()]
+        assert sorted(sources) == sorted(expected)
+        for row, (s, t, _) in enumerate(sources):
+            want = xs[s][t].float()
+            tol = 0.0625 * want.abs() + 1e-6 if use_fp8 else 0
+            assert bool(((got[e][row] - want).abs() <= tol).all()), (e, row, s, t)
+
+
+def _round_trips(rank, world, use_fp8, use_hook, zero_copy):
+    buf = epcomm.Buffer(None, low_latency_mode=True, timeout_ms=20_000)
+    # Several calls in a row: both parities, reused.
+    for seed, (tokens, kind) in enumerate([(MAX_TOKENS, "random"), (7, "holes"),
+                                           ([3, 0, 16, 9][:world], "one_rank"), (5, "random")]):
+        xs, idxs, ws = _inputs(seed, world, tokens, kind)
+        recv_x, recv_count, handle, _, hook = buf.low_latency_dispatch(
+            xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=use_fp8, return_recv_hook=use_hook)
+        if use_hook:
+            hook()
+        _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, use_fp8)
+        # Each expert returns its rows times (global expert id + 1).
+        local = EXPERTS // world
+        factors = torch.arange(rank * local, (rank + 1) * local, dtype=torch.float32) + 1
+        dequant = (ref.e4m3_to_float(recv_x[0]) * recv_x[1].repeat_interleave(128, dim=2)
+                   if use_fp8 else recv_x.float())
+        y = (dequant * factors.view(-1, 1, 1)).bfloat16()
+        if zero_copy:
+            buf.get_next_low_latency_combine_buffer(handle).copy_(y)
+            y = buf.get_next_low_latency_combine_buffer(handle)
+        combined, _, hook = buf.low_latency_combine(y, idxs[rank], ws[rank], handle,
+                                                    zero_copy=zero_copy, return_recv_hook=use_hook)
+        if use_hook:
+            hook()
+        valid = idxs[rank] >= 0
+        scale = (ws[rank] * torch.where(valid, idxs[rank] + 1, 0)).sum(dim=1, keepdim=True)
+        want = xs[rank].float() * scale
+        tol = (0.07 if use_fp8 else 0.02) * want.abs().clamp(min=1)
+        assert bool(((combined.float() - want).abs() <= tol).all())
+
+
+@pytest.mark.parametrize("world,use_fp8,use_hook,zero_copy", [
+    (2, False, False, False), (3, True, True, False), (2, True, False, True),
+    (4, False, True, True)])
+def test_round_trips(world, use_fp8, use_hook, zero_copy):
+    run_ranks(_round_trips, world, use_fp8, use_hook, zero_copy)
+
+
+def _refusals(rank, world):
+    buf = epcomm.Buffer(None, low_latency_mode=True, timeout_ms=20_000)
+    xs, idxs, ws = _inputs(21, world, 6, "random")
+    bad = idxs[rank].clone()
+    if rank == 0:
+        bad[1][1] = -5
+    try:
+        buf.low_latency_dispatch(xs[rank], bad, MAX_TOKENS, EXPERTS, use_fp8=False)
+        raise AssertionError("a dispatch with a negative expert id was accepted")
+    except epcomm.Error as e:
+        assert e.rank == rank and e.op == "low-latency dispatch", str(e)
+    try:
+        buf.low_latency_dispatch(xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_ue8m0=True)
+        raise AssertionError("use_ue8m0 was accepted")
+    except epcomm.Error as e:
+        assert "use_ue8m0" in str(e)
+    # Still usable.
+    recv_x, recv_count, handle, _, _ = buf.low_latency_dispatch(
+        xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=False)
+    _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, False)
+    buf.clean_low_latency_buffer(MAX_TOKENS, HIDDEN, EXPERTS)
+
+
+def test_bad_input_raises_on_every_rank():
+    run_ranks(_refusals, 2)

@@ -1,0 +1,196 @@
+"""Normal mode through epcomm.Buffer on CPU tensors, against reference.py."""
+
+import pytest
+import torch
+
+import epcomm
+import reference as ref
+from ranks import run_ranks
+
+EXPERTS, HIDDEN, TOPK = 12, 256, 3
+
+
+def _inputs(seed, world, tokens, kind, dtype):
+    idxs = ref.routing(seed, world, tokens, EXPERTS, TOPK, kind)
+    xs = [ref.values(seed * 100 + s, i.size(0), HIDDEN, dtype) for s, i in enumerate(idxs)]
+    g = torch.Generator().manual_seed(seed + 7)
+    ws = [torch.rand(i.size(0), TOPK, generator=g) for i in idxs]
+    return xs, idxs, ws
+
+
+def _dispatch_and_check(buf, rank, world, xs, idxs, ws, scales=None, **kw):
+    x = (xs[rank], scales[rank]) if scales is not None else xs[rank]
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idxs[rank], EXPERTS)
+    assert torch.equal(in_rank, ref.destinations(world, EXPERTS, idxs[rank]))
+    assert per_rank.tolist() == in_rank.sum(dim=0).tolist()
+    got = buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                       num_tokens_per_expert=per_expert, topk_idx=idxs[rank],
+                       topk_weights=ws[rank], **kw)
+    recv_x, recv_idx, recv_w, counts, handle, event = got
+    event.current_stream_wait()
+    want_x, want_s, want_idx, want_w, want_src, want_counts = ref.dispatch(
+        rank, world, EXPERTS, xs, idxs, ws, scales)
+    n = want_x.size(0)
+    if scales is not None:
+        recv_x, recv_s = recv_x
+        assert torch.equal(recv_s[:n], want_s)
+    rows = kw.get("num_worst_tokens") or n
+    assert recv_x.size(0) == rows and recv_idx.size(0) == rows
+    assert torch.equal(recv_x[:n], want_x)
+    assert torch.equal(recv_idx[:n], want_idx)
+    assert torch.equal(recv_w[:n], want_w)
+    assert bool((recv_idx[n:] == -1).all())  # padding routes nowhere
+    assert torch.equal(handle.recv_src_idx[:n], want_src)
+    align = kw.get("expert_alignment", 1)
+    assert counts == [(c + align - 1) // align * align for c in want_counts]
+    return recv_x[:n], recv_w[:n], handle
+
+
+def _buffer():
+    return epcomm.Buffer(None, num_nvl_bytes=1 << 24, timeout_ms=20_000)
+
+
+def _round_trip(buf, rank, world, dtype, tokens, kind, seed):
+    xs, idxs, ws = _inputs(seed, world, tokens, kind, dtype)
+    recv_x, recv_w, handle = _dispatch_and_check(buf, rank, world, xs, idxs, ws)
+    # Each rank returns its copy times (rank + 1): the sum names who answered.
+    combined, combined_w, _ = buf.combine((recv_x.float() * (rank + 1)).to(dtype), handle,
+                                          topk_weights=recv_w)
+    in_rank = ref.destinations(world, EXPERTS, idxs[rank])
+    want = ref.combine(xs[rank], in_rank, lambda r: r + 1)
+    assert torch.equal(combined.float(), want.to(dtype).float())
+    assert torch.equal(combined_w, torch.where(idxs[rank] >= 0, ws[rank], torch.zeros_like(ws[rank])))
+
+
+def _scenarios(rank, world, dtype):
+    # One Buffer through every scenario: calls follow each other on it.
+    buf = _buffer()
+    for seed, (tokens, kind) in enumerate([(16, "random"), (12, "holes"), (9, "one_rank"),
+                                           ([0, 5, 17, 3][:world], "random")]):
+        _round_trip(buf, rank, world, dtype, tokens, kind, seed)
+
+
+@pytest.mark.parametrize("world,dtype", [(2, torch.bfloat16), (3, torch.float32),
+                                         (4, torch.bfloat16)])
+def test_round_trip(world, dtype):
+    run_ranks(_scenarios, world, dtype)
+
+
+def _fp8(rank, world):
+    buf = _buffer()
+    _, idxs, ws = _inputs(3, world, 10, "holes", torch.float32)
+    g = torch.Generator().manual_seed(5)
+    # Any e4m3 byte but NaN: dispatch moves bytes, it does not interpret them.
+    xs = [torch.randint(0, 0x7F, (i.size(0), HIDDEN), generator=g, dtype=torch.uint8) |
+          (torch.randint(0, 2, (i.size(0), HIDDEN), generator=g, dtype=torch.uint8) << 7)
+          for i in idxs]
+    scales = [torch.rand(i.size(0), HIDDEN // 128, generator=g) for i in idxs]
+    recv_x, recv_w, handle = _dispatch_and_check(buf, rank, world, xs, idxs, ws, scales)
+    # fp8 tokens combine in bf16.
+    y = ref.e4m3_to_float(recv_x).nan_to_num(0).clamp(-2, 2).round().to(torch.bfloat16)
+    combined, _, _ = buf.combine(y, handle)
+    back = [ref.e4m3_to_float(x).nan_to_num(0).clamp(-2, 2).round() for x in xs]
+    want = ref.combine(back[rank], ref.destinations(world, EXPERTS, idxs[rank]), lambda r: 1)
+    assert torch.equal(combined.float(), want)
+    # The same Buffer then serves bf16.
+    _round_trip(buf, rank, world, torch.bfloat16, 8, "random", 4)
+
+
+def test_fp8_and_bf16_on_one_buffer():
+    run_ranks(_fp8, 2)
+
+
+def _options(rank, world):
+    buf = _buffer()
+    xs, idxs, ws = _inputs(8, world, 12, "random", torch.bfloat16)
+    recv_x, _, handle = _dispatch_and_check(buf, rank, world, xs, idxs, ws, expert_alignment=8,
+                                            num_worst_tokens=world * 12)
+    # A cached dispatch of other rows along the same routing.
+    other = [ref.values(900 + s, x.size(0), HIDDEN, torch.bfloat16) for s, x in enumerate(xs)]
+    cached = buf.dispatch(other[rank], handle=handle)
+    assert all(v is None for v in cached[1:5])
+    want_x = ref.dispatch(rank, world, EXPERTS, other, idxs, ws)[0]
+    assert torch.equal(cached[0], want_x)
+    # combine with both biases, from the buffer's own send area (no copy).
+    y = buf.get_combine_buffer(handle)
+    y.copy_(recv_x)
+    b0 = ref.values(31, xs[rank].size(0), HIDDEN, torch.bfloat16)
+    b1 = ref.values(32, xs[rank].size(0), HIDDEN, torch.bfloat16)
+    combined, weights, _ = buf.combine(y, handle, bias=(b0, b1))
+    assert weights is None
+    want = ref.combine(xs[rank], ref.destinations(world, EXPERTS, idxs[rank]), lambda r: 1)
+    assert torch.equal(combined.float(), (want + b0.float() + b1.float()).bfloat16().float())
+
+
+def test_cached_dispatch_alignment_worst_case_bias():
+    run_ranks(_options, 3)
+
+
+def _bad_input(rank, world):
+    buf = _buffer()
+    xs, idxs, ws = _inputs(9, world, 8, "random", torch.bfloat16)
+    bad = idxs[rank].clone()
+    if rank == 1:
+        bad[2][0] = EXPERTS + 3  # one rank's input is wrong: every rank must refuse the call
+    try:
+        buf.dispatch(xs[rank], num_tokens_per_expert=torch.zeros(EXPERTS), topk_idx=bad,
+                     topk_weights=ws[rank])
+        raise AssertionError("a dispatch with an expert id out of range was accepted")
+    except epcomm.Error as e:
+        assert e.rank == rank and e.op == "dispatch"
+        assert e.peer == (None if rank == 1 else 1), str(e)
+        assert "outside" in str(e)
+    # The buffer is usable afterwards.
+    _dispatch_and_check(buf, rank, world, xs, idxs, ws)
+
+
+def test_bad_input_raises_on_every_rank():
+    run_ranks(_bad_input, 3)
+
+
+def _killed(rank, world):
+    import os
+    import time
+    buf = epcomm.Buffer(None, num_nvl_bytes=1 << 24, timeout_ms=4_000)
+    xs, idxs, ws = _inputs(10, world, 8, "random", torch.bfloat16)
+    _dispatch_and_check(buf, rank, world, xs, idxs, ws)
+    if rank == world - 1:
+        os._exit(0)  # this rank's process is gone before the next call
+    start = time.monotonic()
+    try:
+        _dispatch_and_check(buf, rank, world, xs, idxs, ws)
+        raise AssertionError("a dispatch went through with a rank gone")
+    except epcomm.Error as e:
+        assert e.rank == rank and e.op == "dispatch", str(e)
+        return time.monotonic() - start, e.peer, str(e)
+
+
+def test_killed_rank_raises_on_survivors():
+    got = run_ranks(_killed, 3, allow_exit=(2,), timeout_s=60)
+    for rank, (elapsed, peer, text) in got.items():
+        assert elapsed < 4.0 + 2.0, f"rank {rank} raised after {elapsed:.1f} s: {text}"
+        assert peer is not None, text
+
+
+def _stalled(rank, world):
+    import time
+    buf = epcomm.Buffer(None, num_nvl_bytes=1 << 24, timeout_ms=2_000)
+    xs, idxs, ws = _inputs(12, world, 8, "random", torch.bfloat16)
+    _dispatch_and_check(buf, rank, world, xs, idxs, ws)
+    if rank == 0:
+        time.sleep(4)  # alive but late: the others' deadlines expire first
+    start = time.monotonic()
+    try:
+        _dispatch_and_check(buf, rank, world, xs, idxs, ws)
+        raise AssertionError("a dispatch went through with a rank stalled past the deadline")
+    except epcomm.Error as e:
+        assert e.rank == rank and e.op == "dispatch", str(e)
+        return time.monotonic() - start, e.peer, str(e)
+
+
+def test_stalled_rank_raises_at_the_deadline_on_every_rank():
+    got = run_ranks(_stalled, 3, timeout_s=60)
+    for rank, (elapsed, peer, text) in got.items():
+        if rank != 0:
+            assert elapsed < 2.0 + 2.0, f"rank {rank} raised after {elapsed:.1f} s: {text}"
+            assert peer is not None, text
