@@ -9,12 +9,15 @@ first used, not by `import epcomm`.
 
 from ._epcomm import Error, __version__
 
-__all__ = ["Buffer", "Config", "Error", "EventOverlap", "__version__"]
+__all__ = ["Buffer", "Config", "Error", "EventOverlap", "topk_idx_t", "__version__"]
 
 
 def __getattr__(name):
-    # Buffer, Config and EventOverlap need torch; keep `import epcomm` free of it.
+    # These need torch; keep `import epcomm` free of it.
     if name in ("Buffer", "Config", "EventOverlap"):
         from . import buffer
         return getattr(buffer, name)
+    if name == "topk_idx_t":  # DeepEP's dtype of topk_idx
+        import torch
+        return torch.int64
     raise AttributeError(f"module 'epcomm' has no attribute {name!r}")

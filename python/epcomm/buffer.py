@@ -160,6 +160,12 @@ class Buffer:
         return Config(Buffer.num_sms)
 
     @staticmethod
+    def capture():
+        """An EventOverlap at this point of the calling thread: on CPU every
+        earlier call has completed, so there is nothing to record."""
+        return EventOverlap()
+
+    @staticmethod
     def is_sm90_compiled():
         return False
 
@@ -173,7 +179,7 @@ class Buffer:
     def lost_ranks(self):
         """Ranks masked so far (enable_shrink), over every engine, ascending."""
         lost = set()
-        for engine in list(self._normal.values()) + list(self._low_latency.values()):
+        for engine in [e for e, _ in self._normal.values()] + list(self._low_latency.values()):
             lost.update(engine.lost_ranks())
         return sorted(lost)
 
@@ -209,7 +215,8 @@ class Buffer:
         """(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
         handle, EventOverlap); recv_x is (tensor, scales) for fp8 input. With
         `handle` (a cached dispatch) the routing of that dispatch is reused and
-        only recv_x is returned, the rest None."""
+        only recv_x is returned, the rest None. Without topk_idx tokens go where
+        is_token_in_rank says, and the top-k results are None."""
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         self._host_only("dispatch", x)
         if expert_alignment < 1:
@@ -221,10 +228,14 @@ class Buffer:
                 raise error(self.rank, "dispatch", "invalid input: handle is not a dispatch handle "
                             "of an epcomm Buffer")
             topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
-        elif topk_idx is None:
-            raise error(self.rank, "dispatch", "invalid input: topk_idx is required without a "
-                        "cached handle")
-        engine = self._normal_engine(x, x_scales, topk_idx, num_tokens_per_expert)
+        engine, num_experts = self._normal_engine(x, x_scales, topk_idx, num_tokens_per_expert)
+        with_topk = topk_idx is not None
+        if not cached and not with_topk:
+            if is_token_in_rank is None:
+                raise error(self.rank, "dispatch", "invalid input: neither topk_idx nor "
+                            "is_token_in_rank says where the tokens go")
+            topk_idx = self._rank_routing(is_token_in_rank, num_experts)
+            topk_weights = torch.ones(topk_idx.shape, dtype=torch.float32)
         n, rx, rs, ridx, rw, rsrc, per_expert, cpp = engine.dispatch(
             _dl(x), _dl(x_scales), _dl(topk_idx), _dl(topk_weights), num_worst_tokens)
         recv_x = from_dlpack(rx).clone()
@@ -235,9 +246,34 @@ class Buffer:
         recv_src_idx = from_dlpack(rsrc).clone()
         new_handle = _NormalHandle(engine, cpp, topk_idx, topk_weights, recv_src_idx,
                                    is_token_in_rank)
+        if not with_topk:
+            return recv_x, None, None, self._expert_counts(num_tokens_per_expert, num_experts,
+                                                           expert_alignment, num_worst_tokens), \
+                new_handle, EventOverlap()
         recv_topk_weights = from_dlpack(rw).clone() if topk_weights is not None else None
-        return (recv_x, from_dlpack(ridx).clone(), recv_topk_weights,
-                _aligned(per_expert, expert_alignment), new_handle, EventOverlap())
+        # With num_worst_tokens DeepEP leaves the list empty (no host sync).
+        counts = [] if num_worst_tokens else _aligned(per_expert, expert_alignment)
+        return (recv_x, from_dlpack(ridx).clone(), recv_topk_weights, counts, new_handle,
+                EventOverlap())
+
+    def _expert_counts(self, num_tokens_per_expert, num_experts, alignment, num_worst_tokens):
+        """Without topk_idx, what DeepEP returns as the per-expert list: every
+        rank's num_tokens_per_expert for this rank's experts, summed (a group
+        all_reduce: the engine counted only the ranks it routed to)."""
+        if num_worst_tokens or num_tokens_per_expert is None:
+            return []
+        total = num_tokens_per_expert.to(torch.int64).clone()
+        dist.all_reduce(total, group=self.group)
+        per_rank = num_experts // self.group_size
+        return _aligned(total[self.rank * per_rank:(self.rank + 1) * per_rank].tolist(), alignment)
+
+    def _rank_routing(self, is_token_in_rank, num_experts):
+        """A topk_idx that sends each token to the ranks is_token_in_rank names:
+        the first expert of each, one slot per rank."""
+        first_expert = torch.arange(self.group_size, dtype=torch.int64) * (
+            num_experts // self.group_size)
+        return torch.where(is_token_in_rank, first_expert.view(1, -1),
+                           torch.full((1, self.group_size), -1, dtype=torch.int64))
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish=False, allocate_on_comm_stream=False):
@@ -308,7 +344,8 @@ class Buffer:
             return from_dlpack(rx), None if rs is None else from_dlpack(rs), count
 
         if not return_recv_hook:
-            rx, rs, count = finish()
+            # Fresh tensors, as DeepEP's: a later call on this parity reuses the region.
+            rx, rs, count = (None if t is None else t.clone() for t in finish())
             return (rx if rs is None else (rx, rs)), count, handle, EventOverlap(), None
         # DeepEP hands out the tensors now and fills them in the hook: here
         # they are the hook's results copied into tensors made now.
@@ -341,9 +378,10 @@ class Buffer:
         if handle.cpp is None:
             raise error(self.rank, op, "invalid input: the dispatch's receive hook has not run")
         engine = handle.engine
-        if zero_copy and x.data_ptr() != self.get_next_low_latency_combine_buffer(handle).data_ptr():
-            raise error(self.rank, op, "invalid input: zero_copy is set but x is not "
-                        "get_next_low_latency_combine_buffer(handle)")
+        if zero_copy:
+            # As in DeepEP, the rows are where get_next_low_latency_combine_buffer
+            # put them, whatever x is.
+            x = self.get_next_low_latency_combine_buffer(handle)
         wait_before = engine.combine_wait() if combine_wait_recv_cost_stats is not None else None
         receive = engine.combine_send(_dl(x), _dl(topk_idx), _dl(topk_weights), handle.cpp)
         combined = out if out is not None else torch.empty(handle.cpp.num_tokens, handle.hidden,
@@ -413,7 +451,12 @@ class Buffer:
                             "num_tokens_per_expert (or Buffer(num_experts=...))")
             sizes["num_experts"] = num_tokens_per_expert.numel()
         sizes["hidden"] = sizes["hidden"] or x.size(1)
-        sizes["max_topk"] = sizes["max_topk"] or topk_idx.size(1)
+        # DeepEP has no top-k bound and later calls may route wider than the
+        # first: 16 slots unless told (MoE models route to 8 or fewer), and at
+        # least one per rank for a dispatch without topk_idx.
+        sizes["max_topk"] = sizes["max_topk"] or max(
+            min(16, sizes["num_experts"]), topk_idx.size(1) if topk_idx is not None else 0,
+            self.group_size)
         if sizes["max_tokens_per_rank"] is None:
             sizes["max_tokens_per_rank"] = self.num_nvl_bytes // (
                 self.group_size * sizes["hidden"] * x.element_size())
@@ -423,8 +466,8 @@ class Buffer:
                         f"{self.group_size} ranks; pass more, or num_max_tokens_per_rank")
         engine = cls(self._bootstrap, sizes["num_experts"], sizes["hidden"], sizes["max_topk"],
                      sizes["max_tokens_per_rank"], self._timeout, self._mask_lost_ranks)
-        self._normal[kind] = engine
-        return engine
+        self._normal[kind] = engine, sizes["num_experts"]
+        return self._normal[kind]
 
     def _low_latency_engine(self, use_fp8, round_scale, num_experts, hidden, topk, max_tokens):
         key = (use_fp8, round_scale, num_experts, hidden, max_tokens)
