@@ -399,6 +399,22 @@ class Buffer:
         hook()
         return combined, EventOverlap(), None
 
+    def low_latency_query_mask_buffer(self, mask_status):
+        """Writes 1 into mask_status[r] for each rank masked so far (a rank whose
+        process exited, with enable_shrink), 0 for the others."""
+        mask_status.zero_()
+        for r in self.lost_ranks():
+            mask_status[r] = 1
+
+    def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
+        raise unsupported(self.rank, "low_latency_update_mask_buffer", "masking a rank by hand",
+                          "with enable_shrink epcomm masks a rank once its process has exited, "
+                          "the one state every survivor can agree on")
+
+    def low_latency_clean_mask_buffer(self):
+        raise unsupported(self.rank, "low_latency_clean_mask_buffer", "unmasking",
+                          "a masked rank's process is gone; re-form the group to go on with a new one")
+
     def get_next_low_latency_combine_buffer(self, handle):
         """The buffer's own [E_local][R * max][H] bf16 region for the combine of
         `handle`: expert outputs written there are sent without a copy."""

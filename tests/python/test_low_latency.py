@@ -101,3 +101,37 @@ def _refusals(rank, world):
 
 def test_bad_input_raises_on_every_rank():
     run_ranks(_refusals, 2)
+
+
+def _shrink(rank, world):
+    import os
+    buf = epcomm.Buffer(None, low_latency_mode=True, enable_shrink=True, timeout_ms=20_000)
+    lost = world - 1
+    for seed in range(3):
+        xs, idxs, ws = _inputs(40 + seed, world, 8, "random")
+        recv_x, recv_count, handle, _, _ = buf.low_latency_dispatch(
+            xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=False)
+        gone = seed > 0  # the last rank exits after the first round
+        # Rows from the lost rank are not delivered; its experts get nothing.
+        sent = [i if s != lost or not gone else torch.full_like(i, -1) for s, i in enumerate(idxs)]
+        _check_received(rank, world, xs, sent, recv_x, recv_count, handle, False)
+        combined, _, _ = buf.low_latency_combine(recv_x * 2, idxs[rank], ws[rank], handle)
+        local = EXPERTS // world
+        kept = (idxs[rank] >= 0) & ~(gone & (idxs[rank] // local == lost))
+        want = xs[rank].float() * 2 * torch.where(kept, ws[rank], torch.zeros_like(ws[rank])).sum(
+            dim=1, keepdim=True)
+        assert bool(((combined.float() - want).abs() <= 0.02 * want.abs().clamp(min=1)).all())
+        if rank == lost:
+            os._exit(0)
+    status = torch.zeros(world, dtype=torch.int32)
+    buf.low_latency_query_mask_buffer(status)
+    assert status.tolist() == [0] * (world - 1) + [1]
+    try:
+        buf.low_latency_update_mask_buffer(0, True)
+        raise AssertionError("masking a live rank by hand was accepted")
+    except epcomm.Error as e:
+        assert "by hand" in str(e)
+
+
+def test_shrink_goes_on_without_an_exited_rank():
+    run_ranks(_shrink, 3, allow_exit=(2,), timeout_s=90)
