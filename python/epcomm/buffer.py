@@ -72,13 +72,12 @@ class Config:
 class _NormalHandle:
     """What combine and a cached dispatch need of one dispatch."""
 
-    def __init__(self, engine, cpp, topk_idx, topk_weights, recv_src_idx, is_token_in_rank):
+    def __init__(self, engine, cpp, topk_idx, topk_weights, recv_src_idx):
         self.engine = engine
         self.cpp = cpp
         self.topk_idx = topk_idx
         self.topk_weights = topk_weights
         self.recv_src_idx = recv_src_idx
-        self.is_token_in_rank = is_token_in_rank
         self.num_recv_tokens = cpp.num_recv_tokens
 
 
@@ -95,6 +94,13 @@ class _LowLatencyHandle:
         self.hidden = hidden
         self.num_experts = num_experts
         self.cpp = None
+
+
+def _add_wait_ns(stats, after, before):
+    """Adds to DeepEP's int64 [R] wait-cost tensor the nanoseconds waited per
+    rank between two readings of the engine's cumulative wait times."""
+    waited = [int((a - b).total_seconds() * 1e9) for a, b in zip(after, before)]
+    stats.add_(torch.tensor(waited, dtype=torch.int64))
 
 
 def _aligned(counts, alignment):
@@ -244,8 +250,7 @@ class Buffer:
         if cached:
             return recv_x, None, None, None, None, EventOverlap()
         recv_src_idx = from_dlpack(rsrc).clone()
-        new_handle = _NormalHandle(engine, cpp, topk_idx, topk_weights, recv_src_idx,
-                                   is_token_in_rank)
+        new_handle = _NormalHandle(engine, cpp, topk_idx, topk_weights, recv_src_idx)
         if not with_topk:
             return recv_x, None, None, self._expert_counts(num_tokens_per_expert, num_experts,
                                                            expert_alignment, num_worst_tokens), \
@@ -338,9 +343,7 @@ class Buffer:
             if cumulative_local_expert_recv_stats is not None:
                 cumulative_local_expert_recv_stats.add_(count)
             if wait_before is not None:
-                waited = [int((a - b).total_seconds() * 1e9)
-                          for a, b in zip(engine.dispatch_wait(), wait_before)]
-                dispatch_wait_recv_cost_stats.add_(torch.tensor(waited, dtype=torch.int64))
+                _add_wait_ns(dispatch_wait_recv_cost_stats, engine.dispatch_wait(), wait_before)
             return from_dlpack(rx), None if rs is None else from_dlpack(rs), count
 
         if not return_recv_hook:
@@ -390,9 +393,7 @@ class Buffer:
         def hook():
             combined.copy_(from_dlpack(receive()))
             if wait_before is not None:
-                waited = [int((a - b).total_seconds() * 1e9)
-                          for a, b in zip(engine.combine_wait(), wait_before)]
-                combine_wait_recv_cost_stats.add_(torch.tensor(waited, dtype=torch.int64))
+                _add_wait_ns(combine_wait_recv_cost_stats, engine.combine_wait(), wait_before)
 
         if return_recv_hook:
             return combined, EventOverlap(), hook

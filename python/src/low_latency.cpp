@@ -20,6 +20,25 @@
 namespace epcomm::python {
 namespace {
 
+// A receive hook of the engine, run at most once, with the GIL released
+// (other Python threads go on while it waits for peers).
+template <class Hook>
+class run_once {
+ public:
+  explicit run_once(Hook hook) : hook_(std::move(hook)) {}
+
+  auto operator()(int rank, const char* op) {
+    if (done_) throw error(rank, op, no_peer, "invalid input: this receive hook has already run");
+    done_ = true;
+    py::gil_scoped_release free;
+    return hook_();
+  }
+
+ private:
+  Hook hook_;
+  bool done_ = false;
+};
+
 template <class Wire>
 class low_latency_binding {
  public:
@@ -34,18 +53,12 @@ class low_latency_binding {
   class dispatch_hook {
    public:
     dispatch_hook(typename engine::dispatch_hook hook, py::object owner)
-        : hook_(std::move(hook)), owner_(std::move(owner)) {}
+        : receive_(std::move(hook)), owner_(std::move(owner)) {}
 
     py::tuple operator()() {
-      if (done_)
-        throw error(owner_.cast<low_latency_binding&>().engine_->rank(), "low-latency dispatch",
-                    no_peer, "invalid input: this receive hook has already run");
-      done_ = true;
-      typename engine::dispatch_result res = [&] {
-        py::gil_scoped_release free;
-        return hook_();
-      }();
-      const wire::ll::shape& s = owner_.cast<low_latency_binding&>().engine_->shape();
+      engine& eng = *owner_.cast<low_latency_binding&>().engine_;
+      const typename engine::dispatch_result res = receive_(eng.rank(), "low-latency dispatch");
+      const wire::ll::shape& s = eng.shape();
       const std::int64_t e = s.local_experts(), rows = s.rows_per_expert();
       py::object scales = py::none();
       if constexpr (std::is_same_v<Wire, fp8_e4m3>)
@@ -61,35 +74,26 @@ class low_latency_binding {
     }
 
    private:
-    typename engine::dispatch_hook hook_;
+    run_once<typename engine::dispatch_hook> receive_;
     py::object owner_;  // keeps the buffer alive while the hook is held
-    bool done_ = false;
   };
 
   // The receive phase of one combine: a view of out[T][H] (bf16).
   class combine_hook {
    public:
     combine_hook(typename engine::combine_hook hook, py::object owner, int num_tokens)
-        : hook_(std::move(hook)), owner_(std::move(owner)), num_tokens_(num_tokens) {}
+        : receive_(std::move(hook)), owner_(std::move(owner)), num_tokens_(num_tokens) {}
 
     py::capsule operator()() {
-      if (done_)
-        throw error(owner_.cast<low_latency_binding&>().engine_->rank(), "low-latency combine",
-                    no_peer, "invalid input: this receive hook has already run");
-      done_ = true;
-      std::span<const bf16> out = [&] {
-        py::gil_scoped_release free;
-        return hook_();
-      }();
-      const std::int64_t hidden = owner_.cast<low_latency_binding&>().engine_->shape().hidden;
-      return export_view(out, {num_tokens_, hidden}, owner_);
+      engine& eng = *owner_.cast<low_latency_binding&>().engine_;
+      const std::span<const bf16> out = receive_(eng.rank(), "low-latency combine");
+      return export_view(out, {num_tokens_, std::int64_t{eng.shape().hidden}}, owner_);
     }
 
    private:
-    typename engine::combine_hook hook_;
+    run_once<typename engine::combine_hook> receive_;
     py::object owner_;
     std::int64_t num_tokens_;
-    bool done_ = false;
   };
 
   static dispatch_hook dispatch_send(py::object self, const py::object& x,

@@ -150,21 +150,31 @@ def test_bad_input_raises_on_every_rank():
     run_ranks(_bad_input, 3)
 
 
-def _killed(rank, world):
-    import os
+def _one_rank_fails(rank, world, seed, timeout_ms, failure):
+    """A dispatch on every rank, then failure(rank, world) (a rank exits or stalls),
+    then a second dispatch that must raise: (seconds it took, peer, text)."""
     import time
-    buf = epcomm.Buffer(None, num_nvl_bytes=1 << 24, timeout_ms=4_000)
-    xs, idxs, ws = _inputs(10, world, 8, "random", torch.bfloat16)
+    buf = epcomm.Buffer(None, num_nvl_bytes=1 << 24, timeout_ms=timeout_ms)
+    xs, idxs, ws = _inputs(seed, world, 8, "random", torch.bfloat16)
     _dispatch_and_check(buf, rank, world, xs, idxs, ws)
-    if rank == world - 1:
-        os._exit(0)  # this rank's process is gone before the next call
+    failure(rank, world)
     start = time.monotonic()
     try:
         _dispatch_and_check(buf, rank, world, xs, idxs, ws)
-        raise AssertionError("a dispatch went through with a rank gone")
+        raise AssertionError("the second dispatch went through")
     except epcomm.Error as e:
         assert e.rank == rank and e.op == "dispatch", str(e)
         return time.monotonic() - start, e.peer, str(e)
+
+
+def _exit_last(rank, world):
+    import os
+    if rank == world - 1:
+        os._exit(0)  # this rank's process is gone before the next call
+
+
+def _killed(rank, world):
+    return _one_rank_fails(rank, world, 10, 4_000, _exit_last)
 
 
 def test_killed_rank_raises_on_survivors():
@@ -174,20 +184,14 @@ def test_killed_rank_raises_on_survivors():
         assert peer is not None, text
 
 
-def _stalled(rank, world):
+def _stall_first(rank, world):
     import time
-    buf = epcomm.Buffer(None, num_nvl_bytes=1 << 24, timeout_ms=2_000)
-    xs, idxs, ws = _inputs(12, world, 8, "random", torch.bfloat16)
-    _dispatch_and_check(buf, rank, world, xs, idxs, ws)
     if rank == 0:
         time.sleep(4)  # alive but late: the others' deadlines expire first
-    start = time.monotonic()
-    try:
-        _dispatch_and_check(buf, rank, world, xs, idxs, ws)
-        raise AssertionError("a dispatch went through with a rank stalled past the deadline")
-    except epcomm.Error as e:
-        assert e.rank == rank and e.op == "dispatch", str(e)
-        return time.monotonic() - start, e.peer, str(e)
+
+
+def _stalled(rank, world):
+    return _one_rank_fails(rank, world, 12, 2_000, _stall_first)
 
 
 def test_stalled_rank_raises_at_the_deadline_on_every_rank():
