@@ -85,6 +85,7 @@ template <class Wire>
 struct ll_snapshot {
   std::vector<Wire> x;
   std::vector<float> scales;
+  std::vector<std::int32_t> scales_ue8m0;
   std::vector<std::int32_t> count;
   std::vector<wire::ll::source> src;
   std::vector<wire::ll::range> range;
@@ -92,21 +93,27 @@ struct ll_snapshot {
   ll_snapshot(const cuda::ll_device_dispatch_result<Wire>& r, const wire::ll::shape& s) {
     const std::size_t rows = static_cast<std::size_t>(s.local_experts()) * s.rows_per_expert();
     x = device_array<Wire>::read(r.recv_x, rows * s.hidden);
-    if constexpr (token_traits<Wire>::has_scales)
-      scales = device_array<float>::read(r.recv_x_scales, rows * s.scales_per_token());
+    if constexpr (token_traits<Wire>::has_scales) {
+      if (s.scale_layout == ll_scale_layout::ue8m0)
+        scales_ue8m0 =
+            device_array<std::int32_t>::read(r.recv_x_scales_ue8m0, wire::ll::recv_scales_words(s));
+      else
+        scales = device_array<float>::read(r.recv_x_scales, wire::ll::recv_scales_words(s));
+    }
     count = device_array<std::int32_t>::read(r.recv_count, s.local_experts());
     src = device_array<wire::ll::source>::read(r.recv_src, rows);
     range = device_array<wire::ll::range>::read(
         r.recv_range, static_cast<std::size_t>(s.local_experts()) * s.world_size);
   }
 
-  ll_dispatch_result<Wire> view() const { return {x, scales, count, src, range, {}}; }
+  ll_dispatch_result<Wire> view() const { return {x, scales, scales_ue8m0, count, src, range, {}}; }
 };
 
 // The packed outputs of both engines: counts, ranges and every valid row.
 template <class Wire>
 std::string compare_dispatch(const ll_dispatch_result<Wire>& h, const ll_snapshot<Wire>& d,
                              const wire::ll::shape& s) {
+  const ll_dispatch_result<Wire> dv = d.view();
   if (!same_bytes<std::int32_t>(h.recv_count, d.count)) return "recv_count differs";
   if (!same_bytes<wire::ll::range>(h.recv_range, d.range)) return "recv_range differs";
   const std::size_t rpe = s.rows_per_expert(), hd = s.hidden, ns = s.scales_per_token();
@@ -115,9 +122,13 @@ std::string compare_dispatch(const ll_dispatch_result<Wire>& h, const ll_snapsho
     if (!same_bytes<Wire>(h.recv_x.subspan(first * hd, n * hd),
                           std::span<const Wire>(d.x).subspan(first * hd, n * hd)))
       return "recv_x of local expert " + std::to_string(le) + " differs";
-    if (ns != 0 && !same_bytes<float>(h.recv_x_scales.subspan(first * ns, n * ns),
-                                      std::span<const float>(d.scales).subspan(first * ns, n * ns)))
-      return "recv_x_scales of local expert " + std::to_string(le) + " differs";
+    for (std::size_t row = 0; row < n; ++row)
+      for (std::size_t g = 0; g < ns; ++g) {
+        const float a = test::received_scale(h, s.scale_layout, rpe, ns, le, row, g);
+        const float b = test::received_scale(dv, s.scale_layout, rpe, ns, le, row, g);
+        if (std::memcmp(&a, &b, sizeof a) != 0)
+          return "recv_x_scales of local expert " + std::to_string(le) + " differs";
+      }
     if (std::memcmp(h.recv_src.data() + first, d.src.data() + first,
                     n * sizeof(wire::ll::source)) != 0)
       return "recv_src of local expert " + std::to_string(le) + " differs";
@@ -204,7 +215,7 @@ std::string after_dispatch(ll_engines<Wire, Link>& e, ll_flight<Wire>& f) {
   const wire::ll::shape& s = e.shape();
   const ll_snapshot<Wire> d(f.dres, s);
   if (auto err = test::check_ll_dispatch(f.call, e.rank, s.world_size, s.max_tokens_per_rank,
-                                         e.round, d.view());
+                                         e.round, d.view(), s.scale_layout);
       !err.empty())
     return "dispatch: " + err;
   if (auto err = compare_dispatch(f.hres, d, s); !err.empty())
@@ -216,7 +227,7 @@ std::string after_dispatch(ll_engines<Wire, Link>& e, ll_flight<Wire>& f) {
       static_cast<std::size_t>(s.local_experts()) * s.rows_per_expert() * s.hidden;
   std::vector<bf16> y(n);
   test::ll_expert_rows(f.hres, e.rank, s.local_experts(), s.hidden, s.rows_per_expert(),
-                       std::span<bf16>(y));
+                       std::span<bf16>(y), s.scale_layout);
   if (f.zero_copy) {
     auto hy = e.host.combine_send_buffer(f.hres.handle);
     std::copy(y.begin(), y.end(), hy.begin());
@@ -437,7 +448,7 @@ std::string check_ll_graph_replay(ll_engines<Wire, Link>& e, std::uint64_t seed)
       static_cast<std::size_t>(s.local_experts()) * s.rows_per_expert() * s.hidden;
   f.own_y.resize(n);
   test::ll_expert_rows(f.hres, e.rank, s.local_experts(), s.hidden, s.rows_per_expert(),
-                       std::span<bf16>(f.own_y));
+                       std::span<bf16>(f.own_y), s.scale_layout);
   f.hy = f.own_y;
   f.dy = device_array<bf16>(std::span<const bf16>(f.own_y));
   const auto hout = e.host.low_latency_combine(host_combine(f, e.rank), f.hres.handle);

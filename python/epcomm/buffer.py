@@ -320,12 +320,11 @@ class Buffer:
         """(recv_x or (recv_x, recv_x_scales), recv_count, handle, EventOverlap, hook)."""
         op = "low-latency dispatch"
         self._host_only(op, x)
-        if use_ue8m0:
-            raise unsupported(self.rank, op, "use_ue8m0",
-                              "scales are returned as fp32, one per 128 channels")
+        if use_ue8m0 and not (use_fp8 and round_scale):
+            raise error(self.rank, op, "invalid input: use_ue8m0 needs use_fp8 and round_scale")
         if x.dtype != torch.bfloat16:
             raise error(self.rank, op, f"invalid input: x must be bfloat16, got {x.dtype}")
-        engine = self._low_latency_engine(use_fp8, round_scale, num_experts, x.size(1),
+        engine = self._low_latency_engine(use_fp8, round_scale, use_ue8m0, num_experts, x.size(1),
                                           topk_idx.size(1), num_max_dispatch_tokens_per_rank)
         receive = engine.dispatch_send(_dl(x), _dl(topk_idx))
         handle = _LowLatencyHandle(engine, num_max_dispatch_tokens_per_rank, x.size(1),
@@ -344,17 +343,20 @@ class Buffer:
                 cumulative_local_expert_recv_stats.add_(count)
             if wait_before is not None:
                 _add_wait_ns(dispatch_wait_recv_cost_stats, engine.dispatch_wait(), wait_before)
-            return from_dlpack(rx), None if rs is None else from_dlpack(rs), count
+            # The buffer's token-major scales, viewed [E_local][rows][groups].
+            scales = None if rs is None else from_dlpack(rs).transpose(1, 2)[:, :rows]
+            return from_dlpack(rx), scales, count
 
-        if not return_recv_hook:
-            # Fresh tensors, as DeepEP's: a later call on this parity reuses the region.
-            rx, rs, count = (None if t is None else t.clone() for t in finish())
-            return (rx if rs is None else (rx, rs)), count, handle, EventOverlap(), None
-        # DeepEP hands out the tensors now and fills them in the hook: here
-        # they are the hook's results copied into tensors made now.
+        # Fresh tensors, as DeepEP's (a later call on this parity reuses the
+        # region), with its strides: scales token-contiguous, [E_local][rows][G]
+        # fp32 or, with use_ue8m0, [E_local][rows][ceil(G / 4)] int32.
         rx = torch.empty(local_experts, rows, x.size(1),
                          dtype=torch.uint8 if use_fp8 else torch.bfloat16)
-        rs = torch.empty(local_experts, rows, x.size(1) // 128) if use_fp8 else None
+        rs = None
+        if use_fp8:
+            groups = x.size(1) // 128
+            rs = (torch.empty(local_experts, (groups + 3) // 4, rows, dtype=torch.int32)
+                  if use_ue8m0 else torch.empty(local_experts, groups, rows)).transpose(1, 2)
         count = torch.empty(local_experts, dtype=torch.int32)
 
         def hook():
@@ -486,11 +488,17 @@ class Buffer:
         self._normal[kind] = engine, sizes["num_experts"]
         return self._normal[kind]
 
-    def _low_latency_engine(self, use_fp8, round_scale, num_experts, hidden, topk, max_tokens):
-        key = (use_fp8, round_scale, num_experts, hidden, max_tokens)
+    def _low_latency_engine(self, use_fp8, round_scale, use_ue8m0, num_experts, hidden, topk,
+                            max_tokens):
+        key = (use_fp8, round_scale, use_ue8m0, num_experts, hidden, max_tokens)
         if key not in self._low_latency:
             cls = _epcomm.LowLatencyBuffer_fp8 if use_fp8 else _epcomm.LowLatencyBuffer_bf16
+            # fp8: DeepEP's token-major scales (epcomm's row_major is C++ only).
+            layouts = _epcomm.ScaleLayout
+            layout = (layouts.ue8m0 if use_ue8m0 else
+                      layouts.token_major if use_fp8 else layouts.row_major)
             self._low_latency[key] = cls(self._bootstrap, num_experts, hidden,
                                          self._sizes["max_topk"] or topk, max_tokens,
-                                         round_scale, self._timeout, self._mask_lost_ranks)
+                                         round_scale, layout, self._timeout,
+                                         self._mask_lost_ranks)
         return self._low_latency[key]

@@ -49,7 +49,9 @@ class low_latency_binding {
 
   // The receive phase of one dispatch: (recv_x, recv_x_scales or None,
   // recv_count, recv_src [E_local][R*max][3], recv_range [E_local][R][2],
-  // handle).
+  // handle). Scales come as the buffer lays them out: row_major
+  // [E_local][R*max][G] float, token_major [E_local][G][S] float, ue8m0
+  // [E_local][W][S] int32 (low_latency/scale_layout.hpp).
   class dispatch_hook {
    public:
     dispatch_hook(typename engine::dispatch_hook hook, py::object owner)
@@ -61,8 +63,21 @@ class low_latency_binding {
       const wire::ll::shape& s = eng.shape();
       const std::int64_t e = s.local_experts(), rows = s.rows_per_expert();
       py::object scales = py::none();
-      if constexpr (std::is_same_v<Wire, fp8_e4m3>)
-        scales = export_view(res.recv_x_scales, {e, rows, s.hidden / 128}, owner_);
+      if constexpr (std::is_same_v<Wire, fp8_e4m3>) {
+        const std::int64_t words = wire::ll::scale_words_per_token(s);
+        const auto stride = static_cast<std::int64_t>(wire::ll::scale_token_stride(s));
+        switch (s.scale_layout) {
+          case ll_scale_layout::row_major:
+            scales = export_view(res.recv_x_scales, {e, rows, words}, owner_);
+            break;
+          case ll_scale_layout::token_major:
+            scales = export_view(res.recv_x_scales, {e, words, stride}, owner_);
+            break;
+          case ll_scale_layout::ue8m0:
+            scales = export_view(res.recv_x_scales_ue8m0, {e, words, stride}, owner_);
+            break;
+        }
+      }
       const std::span<const std::int32_t> src(
           reinterpret_cast<const std::int32_t*>(res.recv_src.data()), res.recv_src.size() * 3);
       const std::span<const std::int32_t> range(
@@ -149,8 +164,8 @@ void bind_low_latency_buffer(py::module_& m, const char* name) {
   py::class_<typename B::combine_hook>(cls, "CombineHook")
       .def("__call__", &B::combine_hook::operator());
   cls.def(py::init([](group_bootstrap& boot, int num_experts, int hidden, int max_topk,
-                      int max_tokens_per_rank, bool round_scale, std::chrono::milliseconds timeout,
-                      bool mask_lost_ranks) {
+                      int max_tokens_per_rank, bool round_scale, ll_scale_layout scale_layout,
+                      std::chrono::milliseconds timeout, bool mask_lost_ranks) {
             return std::make_unique<B>(
                 boot, low_latency_config{.num_experts = num_experts,
                                          .hidden = hidden,
@@ -158,11 +173,12 @@ void bind_low_latency_buffer(py::module_& m, const char* name) {
                                          .max_tokens_per_rank = max_tokens_per_rank,
                                          .round_scale = round_scale,
                                          .timeout = timeout,
-                                         .mask_lost_ranks = mask_lost_ranks});
+                                         .mask_lost_ranks = mask_lost_ranks,
+                                         .scale_layout = scale_layout});
           }),
           py::arg("bootstrap"), py::arg("num_experts"), py::arg("hidden"), py::arg("max_topk"),
-          py::arg("max_tokens_per_rank"), py::arg("round_scale"), py::arg("timeout"),
-          py::arg("mask_lost_ranks"))
+          py::arg("max_tokens_per_rank"), py::arg("round_scale"), py::arg("scale_layout"),
+          py::arg("timeout"), py::arg("mask_lost_ranks"))
       .def("dispatch_send", &B::dispatch_send)
       .def("combine_send", &B::combine_send)
       .def("combine_send_buffer", &B::combine_send_buffer)
@@ -182,6 +198,10 @@ void bind_low_latency_buffer(py::module_& m, const char* name) {
 }  // namespace
 
 void bind_low_latency(py::module_& m) {
+  py::enum_<ll_scale_layout>(m, "ScaleLayout")
+      .value("row_major", ll_scale_layout::row_major)
+      .value("token_major", ll_scale_layout::token_major)
+      .value("ue8m0", ll_scale_layout::ue8m0);
   py::class_<ll_handle>(m, "LowLatencyHandle")
       .def_readonly("parity", &ll_handle::parity)
       .def_readonly("num_tokens", &ll_handle::num_tokens)

@@ -18,15 +18,30 @@ def _inputs(seed, world, tokens, kind):
     return xs, idxs, ws
 
 
+def _dequantized(recv_x, use_fp8):
+    """recv_x as float: fp8 payload times its per-128-channel scales, which
+    come as DeepEP lays them out: token-contiguous fp32, or with use_ue8m0
+    int32 words of four exponent bytes (decoded here byte by byte)."""
+    if not use_fp8:
+        return recv_x.float()
+    data, scales = recv_x
+    local, rows, groups = data.size(0), data.size(1), data.size(2) // 128
+    assert scales.stride()[1] == 1  # token-contiguous, as DeepGEMM reads it
+    if scales.dtype == torch.int32:
+        assert scales.shape == (local, rows, (groups + 3) // 4)
+        shifts = torch.arange(4, dtype=torch.int32) * 8  # byte k: group 4 * word + k
+        exponents = ((scales.unsqueeze(-1) >> shifts) & 0xFF).flatten(2)[:, :, :groups]
+        scales = (exponents << 23).view(torch.float32)
+    else:
+        assert scales.shape == (local, rows, groups)
+    # e4m3 keeps 3 mantissa bits.
+    return ref.e4m3_to_float(data) * scales.repeat_interleave(128, dim=2)
+
+
 def _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, use_fp8):
     rows = ref.low_latency_rows(rank, world, EXPERTS, idxs)
     assert recv_count.tolist() == [len(r) for r in rows]
-    if use_fp8:
-        data, scales = recv_x
-        # One fp32 scale per 128 channels; e4m3 keeps 3 mantissa bits.
-        got = ref.e4m3_to_float(data) * scales.repeat_interleave(128, dim=2)
-    else:
-        got = recv_x.float()
+    got = _dequantized(recv_x, use_fp8)
     for e, expected in enumerate(rows):
         # The handle says where each row came from (DeepEP's src_info): the
         # same rows as the reference, each carrying its source's token.
@@ -38,23 +53,22 @@ def _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, use_fp8):
             assert bool(((got[e][row] - want).abs() <= tol).all()), (e, row, s, t)
 
 
-def _round_trips(rank, world, use_fp8, use_hook, zero_copy):
+def _round_trips(rank, world, use_fp8, use_hook, zero_copy, use_ue8m0=False):
     buf = epcomm.Buffer(None, low_latency_mode=True, timeout_ms=20_000)
     # Several calls in a row: both parities, reused.
     for seed, (tokens, kind) in enumerate([(MAX_TOKENS, "random"), (7, "holes"),
                                            ([3, 0, 16, 9][:world], "one_rank"), (5, "random")]):
         xs, idxs, ws = _inputs(seed, world, tokens, kind)
         recv_x, recv_count, handle, _, hook = buf.low_latency_dispatch(
-            xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=use_fp8, return_recv_hook=use_hook)
+            xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=use_fp8, round_scale=use_ue8m0,
+            use_ue8m0=use_ue8m0, return_recv_hook=use_hook)
         if use_hook:
             hook()
         _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, use_fp8)
         # Each expert returns its rows times (global expert id + 1).
         local = EXPERTS // world
         factors = torch.arange(rank * local, (rank + 1) * local, dtype=torch.float32) + 1
-        dequant = (ref.e4m3_to_float(recv_x[0]) * recv_x[1].repeat_interleave(128, dim=2)
-                   if use_fp8 else recv_x.float())
-        y = (dequant * factors.view(-1, 1, 1)).bfloat16()
+        y = (_dequantized(recv_x, use_fp8) * factors.view(-1, 1, 1)).bfloat16()
         if zero_copy:
             buf.get_next_low_latency_combine_buffer(handle).copy_(y)
             y = buf.get_next_low_latency_combine_buffer(handle)
@@ -76,6 +90,11 @@ def test_round_trips(world, use_fp8, use_hook, zero_copy):
     run_ranks(_round_trips, world, use_fp8, use_hook, zero_copy)
 
 
+@pytest.mark.parametrize("use_hook", [False, True])
+def test_ue8m0_scales(use_hook):
+    run_ranks(_round_trips, 2, True, use_hook, False, True)
+
+
 def _refusals(rank, world):
     buf = epcomm.Buffer(None, low_latency_mode=True, timeout_ms=20_000)
     xs, idxs, ws = _inputs(21, world, 6, "random")
@@ -89,9 +108,9 @@ def _refusals(rank, world):
         assert e.rank == rank and e.op == "low-latency dispatch", str(e)
     try:
         buf.low_latency_dispatch(xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_ue8m0=True)
-        raise AssertionError("use_ue8m0 was accepted")
+        raise AssertionError("use_ue8m0 without round_scale was accepted")
     except epcomm.Error as e:
-        assert "use_ue8m0" in str(e)
+        assert "use_ue8m0 needs use_fp8 and round_scale" in str(e)
     # Still usable.
     recv_x, recv_count, handle, _, _ = buf.low_latency_dispatch(
         xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=False)

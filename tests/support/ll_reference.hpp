@@ -87,10 +87,39 @@ float wire_value(const Wire* x, const float* scales, int c) {
     return to_float(x[c]);
 }
 
+// Scale group g of packed row `row` of local expert le, decoded as DeepEP
+// documents its layouts (see low_latency/scale_layout.hpp; written here
+// without the library's helpers). NaN when the views are too short.
+template <class Wire>
+float received_scale(const ll_dispatch_result<Wire>& res, ll_scale_layout layout,
+                     std::size_t rows_per_expert, std::size_t groups, std::size_t le,
+                     std::size_t row, std::size_t g) {
+  const std::size_t stride = (rows_per_expert + 3) / 4 * 4;  // tokens, 16-byte aligned
+  std::size_t at = 0;
+  switch (layout) {
+    case ll_scale_layout::row_major:
+      at = (le * rows_per_expert + row) * groups + g;
+      break;
+    case ll_scale_layout::token_major:
+      at = (le * groups + g) * stride + row;
+      break;
+    case ll_scale_layout::ue8m0: {
+      const std::size_t words = (groups + 3) / 4;
+      at = (le * words + g / 4) * stride + row;
+      if (at >= res.recv_x_scales_ue8m0.size()) return NAN;
+      const auto word = static_cast<std::uint32_t>(res.recv_x_scales_ue8m0[at]);
+      const int exponent = static_cast<int>((word >> (8 * (g % 4))) & 0xFFu);
+      return std::ldexp(1.0f, exponent - 127);
+    }
+  }
+  return at < res.recv_x_scales.size() ? res.recv_x_scales[at] : NAN;
+}
+
 // Checks everything rank `rank` received against the inputs of every rank.
 template <class Wire>
 std::string check_ll_dispatch(const ll_call& call, int rank, int world, int max_tokens,
-                              bool round_scale, const ll_dispatch_result<Wire>& res) {
+                              bool round_scale, const ll_dispatch_result<Wire>& res,
+                              ll_scale_layout layout = ll_scale_layout::row_major) {
   std::ostringstream err;
   const int el = call.experts / world;
   const std::size_t h = call.hidden;
@@ -102,9 +131,16 @@ std::string check_ll_dispatch(const ll_call& call, int rank, int world, int max_
   if (res.recv_x.size() != el * rows_per_expert * h ||
       res.recv_src.size() != el * rows_per_expert ||
       res.recv_count.size() != static_cast<std::size_t>(el) ||
-      res.recv_range.size() != static_cast<std::size_t>(el) * world ||
-      res.recv_x_scales.size() != el * rows_per_expert * ns)
+      res.recv_range.size() != static_cast<std::size_t>(el) * world)
     return "result views have the wrong sizes";
+  const std::size_t scale_words = layout == ll_scale_layout::row_major ? el * rows_per_expert * ns
+                                  : layout == ll_scale_layout::token_major
+                                      ? el * ((rows_per_expert + 3) / 4 * 4) * ns
+                                      : el * ((rows_per_expert + 3) / 4 * 4) * ((ns + 3) / 4);
+  const bool ue8m0 = layout == ll_scale_layout::ue8m0;
+  if ((ue8m0 ? res.recv_x_scales_ue8m0.size() : res.recv_x_scales.size()) != scale_words ||
+      (ue8m0 ? res.recv_x_scales.size() : res.recv_x_scales_ue8m0.size()) != 0)
+    return "scale views have the wrong sizes";
   for (int le = 0; le < el; ++le) {
     const std::int64_t expert = static_cast<std::int64_t>(rank) * el + le;
     int row = 0;
@@ -126,9 +162,12 @@ std::string check_ll_dispatch(const ll_call& call, int rank, int world, int max_
             const auto w = cast_row<Wire>(in.x.data() + t * h, call.hidden, round_scale);
             if (std::memcmp(res.recv_x.data() + at * h, w.x.data(), h * sizeof(Wire)) != 0)
               fail(where + "x differs");
-            if (ns != 0 &&
-                std::memcmp(res.recv_x_scales.data() + at * ns, w.scales.data(), ns * 4) != 0)
-              fail(where + "scales differ");
+            for (std::size_t g = 0; g < ns; ++g) {
+              const float got = received_scale(res, layout, rows_per_expert, ns, le, row, g);
+              if (std::memcmp(&got, &w.scales[g], 4) != 0)
+                fail(where + "scale " + std::to_string(g) + " is " + std::to_string(got) +
+                     ", expected " + std::to_string(w.scales[g]));
+            }
           }
           ++row;
         }
@@ -150,17 +189,21 @@ std::string check_ll_dispatch(const ll_call& call, int rank, int world, int max_
 // y[E_local][R * max_tokens][H] (rows past recv_count are left alone).
 template <class Wire>
 void ll_expert_rows(const ll_dispatch_result<Wire>& res, int rank, int el, int hidden,
-                    std::size_t rows_per_expert, std::span<bf16> y) {
+                    std::size_t rows_per_expert, std::span<bf16> y,
+                    ll_scale_layout layout = ll_scale_layout::row_major) {
   const std::size_t h = hidden;
   const std::size_t ns = std::is_same_v<Wire, fp8_e4m3> ? h / fp8_block : 0;
+  std::vector<float> scales(ns);
   for (int le = 0; le < el; ++le)
-    for (std::size_t row = le * rows_per_expert; row < le * rows_per_expert + res.recv_count[le];
-         ++row)
+    for (std::size_t i = 0; i < static_cast<std::size_t>(res.recv_count[le]); ++i) {
+      const std::size_t row = le * rows_per_expert + i;
+      for (std::size_t g = 0; g < ns; ++g)
+        scales[g] = received_scale(res, layout, rows_per_expert, ns, le, i, g);
       for (std::size_t c = 0; c < h; ++c)
-        y[row * h + c] = to_bf16(ll_expert(
-            wire_value(res.recv_x.data() + row * h,
-                       ns ? res.recv_x_scales.data() + row * ns : nullptr, static_cast<int>(c)),
-            rank * el + le));
+        y[row * h + c] = to_bf16(
+            ll_expert(wire_value(res.recv_x.data() + row * h, scales.data(), static_cast<int>(c)),
+                      rank * el + le));
+    }
 }
 
 // Checks rank `rank`'s combined output twice against float64 references:

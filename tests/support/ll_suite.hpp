@@ -66,6 +66,7 @@ struct ll_case {
   path how = path::one_shot;
   bool zero_copy = false;
   bool round_scale = false;
+  ll_scale_layout scale_layout = ll_scale_layout::row_major;
   int dispatch_only_every = 0;  // every n-th call (pair) skips combine
   bool jitter = false;          // ranks sleep at random between calls
   std::uint64_t seed = 1;
@@ -101,7 +102,10 @@ inline ll_dispatch_input input_of(const test::ll_call& call, int rank) {
 }
 
 inline low_latency_config config_of(const ll_case& c) {
-  return {c.experts, c.hidden, c.max_topk, c.max_tokens, c.round_scale, std::chrono::seconds(30)};
+  low_latency_config cfg{c.experts,    c.hidden,      c.max_topk,
+                         c.max_tokens, c.round_scale, std::chrono::seconds(30)};
+  cfg.scale_layout = c.scale_layout;
+  return cfg;
 }
 
 // Runs every call of `c` on this rank and checks each result; returns the
@@ -128,7 +132,8 @@ int run_rank(local_bootstrap& boot, const ll_case& c) {
     std::span<const bf16> y;
   };
   auto check_dispatch = [&](flight& f) {
-    if (auto e = test::check_ll_dispatch(f.call, rank, c.world, c.max_tokens, c.round_scale, f.res);
+    if (auto e = test::check_ll_dispatch(f.call, rank, c.world, c.max_tokens, c.round_scale, f.res,
+                                         c.scale_layout);
         !e.empty())
       fail(f.index, "dispatch: " + e);
     for (int le = 0; le < el; ++le) expected_recv[le] += f.res.recv_count[le];
@@ -137,7 +142,7 @@ int run_rank(local_bootstrap& boot, const ll_case& c) {
   // vector of the caller's; `slot` keeps two flights' vectors apart.
   auto expert_outputs = [&](flight& f, int slot) {
     std::span<bf16> y = c.zero_copy ? buf.combine_send_buffer(f.res.handle) : own_y[slot];
-    test::ll_expert_rows(f.res, rank, el, c.hidden, rows_per_expert, y);
+    test::ll_expert_rows(f.res, rank, el, c.hidden, rows_per_expert, y, c.scale_layout);
     f.y = y;
   };
   auto combine_input = [&](const flight& f) {
@@ -367,10 +372,35 @@ TEST_CASE_TEMPLATE_DEFINE("wide hidden with few tokens", Transport, ll_wide) {
   }
 }
 
-TEST_CASE_TEMPLATE_DEFINE("fp8 scales rounded to powers of two", Transport, ll_round_scale) {
+TEST_CASE_TEMPLATE_DEFINE("fp8 scales rounded to powers of two, in every scale layout", Transport,
+                          ll_round_scale) {
   EPCOMM_LL_CASE(Transport);
-  const ll_case c{
-      .world = 2, .max_tokens = 64, .calls = {{64, 8}, {13, 2}}, .round_scale = true, .seed = 300};
+  // max_tokens 63 on 3 ranks: 189 rows per expert, so the token-major layouts
+  // pad their token stride to 192; hidden 640: 5 groups, a partly used ue8m0 word.
+  for (const auto layout :
+       {ll_scale_layout::row_major, ll_scale_layout::token_major, ll_scale_layout::ue8m0}) {
+    CAPTURE(static_cast<int>(layout));
+    const ll_case c{.world = 3,
+                    .hidden = 640,
+                    .experts = 6,
+                    .max_topk = 6,
+                    .max_tokens = 63,
+                    .calls = {{63, 6}, {13, 2}, {-1, 3}},
+                    .round_scale = true,
+                    .scale_layout = layout,
+                    .seed = 300};
+    CHECK(run_case<Transport, fp8_e4m3>(c));
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("DeepEP's token-major fp8 scales without rounding", Transport,
+                          ll_token_major) {
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 2,
+                  .max_tokens = 30,
+                  .calls = {{30, 8}, {-1, 4}},
+                  .scale_layout = ll_scale_layout::token_major,
+                  .seed = 310};
   CHECK(run_case<Transport, fp8_e4m3>(c));
 }
 
@@ -769,6 +799,25 @@ TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks is refused where it cannot be honoure
   CHECK(all_ok(codes, "mask_lost_ranks option"));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a scale layout the wire cannot honour fails construction everywhere",
+                          Transport, ll_scale_layout_refused) {
+  EPCOMM_LL_CASE(Transport);
+  const ll_case c{.world = 2, .experts = 4, .max_topk = 2, .max_tokens = 8};
+  const auto codes = launch_local(c.world, [&](local_bootstrap& boot) {
+    auto cfg = config_of(c);
+    cfg.scale_layout = ll_scale_layout::ue8m0;  // without round_scale
+    const int unrounded = expect_error(
+        boot.rank(), [&] { low_latency_buffer<Transport, fp8_e4m3> buf(boot, cfg); },
+        "invalid config: the ue8m0 scale layout needs round_scale", no_peer);
+    cfg.scale_layout = ll_scale_layout::token_major;
+    const int on_bf16 = expect_error(
+        boot.rank(), [&] { low_latency_buffer<Transport, bf16> buf(boot, cfg); },
+        "invalid config: scale_layout applies to the fp8 wire only", no_peer);
+    return unrounded != 0 ? unrounded : on_bf16;
+  });
+  CHECK(all_ok(codes, "scale layout refused"));
+}
+
 // What differs over an RMA transport: staging and puts of records, count
 // words and rows (both wires, every rank count, zero copy and not), both
 // parities' proxy channels with two calls in flight, rejections carried by
@@ -784,15 +833,17 @@ TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks is refused where it cannot be honoure
   TEST_CASE_TEMPLATE_INVOKE(ll_teardown, T);        \
   TEST_CASE_TEMPLATE_INVOKE(ll_mask_option, T)
 
-#define EPCOMM_LL_SUITE(T)                          \
-  EPCOMM_LL_RMA_SUITE(T);                           \
-  TEST_CASE_TEMPLATE_INVOKE(ll_wide, T);            \
-  TEST_CASE_TEMPLATE_INVOKE(ll_round_scale, T);     \
-  TEST_CASE_TEMPLATE_INVOKE(ll_adversarial, T);     \
-  TEST_CASE_TEMPLATE_INVOKE(ll_too_many_tokens, T); \
-  TEST_CASE_TEMPLATE_INVOKE(ll_changed_topk, T);    \
-  TEST_CASE_TEMPLATE_INVOKE(ll_stale_handle, T);    \
-  TEST_CASE_TEMPLATE_INVOKE(ll_misuse, T);          \
-  TEST_CASE_TEMPLATE_INVOKE(ll_stats, T);           \
-  TEST_CASE_TEMPLATE_INVOKE(ll_stalled_peer, T);    \
+#define EPCOMM_LL_SUITE(T)                               \
+  EPCOMM_LL_RMA_SUITE(T);                                \
+  TEST_CASE_TEMPLATE_INVOKE(ll_wide, T);                 \
+  TEST_CASE_TEMPLATE_INVOKE(ll_round_scale, T);          \
+  TEST_CASE_TEMPLATE_INVOKE(ll_token_major, T);          \
+  TEST_CASE_TEMPLATE_INVOKE(ll_scale_layout_refused, T); \
+  TEST_CASE_TEMPLATE_INVOKE(ll_adversarial, T);          \
+  TEST_CASE_TEMPLATE_INVOKE(ll_too_many_tokens, T);      \
+  TEST_CASE_TEMPLATE_INVOKE(ll_changed_topk, T);         \
+  TEST_CASE_TEMPLATE_INVOKE(ll_stale_handle, T);         \
+  TEST_CASE_TEMPLATE_INVOKE(ll_misuse, T);               \
+  TEST_CASE_TEMPLATE_INVOKE(ll_stats, T);                \
+  TEST_CASE_TEMPLATE_INVOKE(ll_stalled_peer, T);         \
   TEST_CASE_TEMPLATE_INVOKE(ll_config_mismatch, T)

@@ -12,6 +12,7 @@
 
 #include "epcomm/core/deadline.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/low_latency/scale_layout.hpp"
 #include "epcomm/low_latency/wire.hpp"
 
 namespace epcomm {
@@ -59,8 +60,11 @@ struct ll_handle {
 // until the next dispatch on the same parity (two dispatches later).
 template <class Wire>
 struct ll_dispatch_result {
-  std::span<const Wire> recv_x;                 // [E_local][R * max_tokens][H]
-  std::span<const float> recv_x_scales;         // [E_local][R * max_tokens][H / 128], fp8 wire
+  std::span<const Wire> recv_x;  // [E_local][R * max_tokens][H]
+  // fp8 wire, in the buffer's scale_layout: row_major and token_major fill
+  // recv_x_scales, ue8m0 fills recv_x_scales_ue8m0 (the other stays empty).
+  std::span<const float> recv_x_scales;
+  std::span<const std::int32_t> recv_x_scales_ue8m0;
   std::span<const std::int32_t> recv_count;     // [E_local]
   std::span<const wire::ll::source> recv_src;   // [E_local][R * max_tokens]
   std::span<const wire::ll::range> recv_range;  // [E_local][R]

@@ -517,13 +517,11 @@ class low_latency_buffer {
   void unpack(int p, int le, int s, int n, int begin) {
     const std::size_t rb = wire::ll::record_bytes(shape_);
     const std::size_t h = static_cast<std::size_t>(shape_.hidden);
-    const std::size_t ns = static_cast<std::size_t>(shape_.scales_per_token());
     const std::size_t first =
         static_cast<std::size_t>(le) * shape_.rows_per_expert() + static_cast<std::size_t>(begin);
     const std::byte* rec = local<const std::byte>(p, plan_.dispatch_recv) +
                            wire::ll::record_index(shape_, le, s, 0) * rb;
     Wire* x = local<Wire>(p, plan_.recv_x) + first * h;
-    float* scales = local<float>(p, plan_.recv_scales) + first * ns;
     wire::ll::source* src = local<wire::ll::source>(p, plan_.recv_src) + first;
     for (int i = 0; i < n; ++i, rec += rb) {
       wire::ll::record_header hdr;
@@ -534,8 +532,9 @@ class low_latency_buffer {
           hdr.src.topk_slot < 0 || hdr.src.topk_slot >= shape_.max_topk)
         protocol_error(dispatch_op, cuda::ll_failure::record_source, s, 0, 0, i, hdr.src);
       std::memcpy(x + i * h, rec + sizeof hdr, h * sizeof(Wire));
-      if (ns != 0)
-        std::memcpy(scales + i * ns, rec + wire::ll::scales_offset(shape_), ns * sizeof(float));
+      if (shape_.has_scales)
+        wire::ll::store_scales(shape_, local<std::byte>(p, plan_.recv_scales), le, begin + i,
+                               rec + wire::ll::scales_offset(shape_), 0, 1);
       src[i] = hdr.src;
     }
   }
@@ -602,9 +601,13 @@ class low_latency_buffer {
     const std::size_t rows = rows_total();
     dispatch_result res;
     res.recv_x = {local<const Wire>(p, plan_.recv_x), rows * shape_.hidden};
-    if constexpr (token_traits<Wire>::has_scales)
-      res.recv_x_scales = {local<const float>(p, plan_.recv_scales),
-                           rows * shape_.scales_per_token()};
+    if constexpr (token_traits<Wire>::has_scales) {
+      const std::size_t words = wire::ll::recv_scales_words(shape_);
+      if (shape_.scale_layout == ll_scale_layout::ue8m0)
+        res.recv_x_scales_ue8m0 = {local<const std::int32_t>(p, plan_.recv_scales), words};
+      else
+        res.recv_x_scales = {local<const float>(p, plan_.recv_scales), words};
+    }
     res.recv_count = {recv_count, static_cast<std::size_t>(el)};
     res.recv_src = {local<const wire::ll::source>(p, plan_.recv_src), rows};
     res.recv_range = {ranges, static_cast<std::size_t>(el) * world_};

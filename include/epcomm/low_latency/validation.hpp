@@ -15,12 +15,12 @@
 #include <string>
 
 #include "epcomm/bootstrap/concept.hpp"
-#include "epcomm/host/config_agreement.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/core/token_types.hpp"
+#include "epcomm/host/config_agreement.hpp"
 #include "epcomm/low_latency/arguments.hpp"
 #include "epcomm/low_latency/wire.hpp"
-#include "epcomm/core/token_types.hpp"
 
 namespace epcomm {
 
@@ -39,6 +39,7 @@ wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
     std::int32_t num_experts, hidden, max_topk, max_tokens_per_rank, round_scale;
     std::int32_t wire_id;
     std::int32_t mask_lost_ranks;
+    std::int32_t scale_layout;
   };
   const int world = boot.world_size();
   constexpr bool fp8 = token_traits<Wire>::has_scales;
@@ -48,6 +49,14 @@ wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
   checks.need(!fp8 || cfg.hidden % fp8_block == 0,
               "hidden must be a multiple of 128 on the fp8 wire (one scale per 128 channels)");
   checks.need(fp8 || !cfg.round_scale, "round_scale applies to the fp8 wire only");
+  checks.need(fp8 || cfg.scale_layout == ll_scale_layout::row_major,
+              "scale_layout applies to the fp8 wire only");
+  checks.need(cfg.scale_layout == ll_scale_layout::row_major ||
+                  cfg.scale_layout == ll_scale_layout::token_major ||
+                  cfg.scale_layout == ll_scale_layout::ue8m0,
+              "scale_layout is not one of row_major, token_major, ue8m0");
+  checks.need(cfg.scale_layout != ll_scale_layout::ue8m0 || cfg.round_scale,
+              "the ue8m0 scale layout needs round_scale (power-of-two scales)");
   checks.need_topk_within_experts(cfg.max_topk, cfg.num_experts);
   checks.need(cfg.max_tokens_per_rank > 0, "max_tokens_per_rank must be > 0");
   checks.need(static_cast<long long>(world) * cfg.max_tokens_per_rank <=
@@ -65,13 +74,14 @@ wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
                            cfg.max_tokens_per_rank,
                            cfg.round_scale ? 1 : 0,
                            token_traits<Wire>::id,
-                           cfg.mask_lost_ranks ? 1 : 0};
+                           cfg.mask_lost_ranks ? 1 : 0,
+                           static_cast<std::int32_t>(cfg.scale_layout)};
   agree_config(boot, mine, checks.cause(), timeout, "low_latency_buffer",
                "num_experts, hidden, max_topk, max_tokens_per_rank, round_scale, "
-               "mask_lost_ranks and wire type");
+               "mask_lost_ranks, scale_layout and wire type");
   return wire::ll::shape{world,        cfg.num_experts,         cfg.hidden,
                          cfg.max_topk, cfg.max_tokens_per_rank, static_cast<int>(sizeof(Wire)),
-                         fp8};
+                         fp8,          cfg.scale_layout};
 }
 
 // A handle names parity 0 or 1; anything else was not made by a dispatch.

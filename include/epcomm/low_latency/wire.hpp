@@ -40,7 +40,9 @@
 #include <cstdint>
 
 #include "epcomm/core/config.hpp"
+#include "epcomm/core/token_types.hpp"
 #include "epcomm/core/wire_basics.hpp"
+#include "epcomm/low_latency/scale_layout.hpp"
 
 namespace epcomm::wire::ll {
 
@@ -100,12 +102,65 @@ struct shape {
   int max_tokens_per_rank;
   int wire_bytes;   // bytes per channel on the wire: 2 (bf16) or 1 (fp8)
   bool has_scales;  // fp8 wire: scales follow the payload
+  ll_scale_layout scale_layout = ll_scale_layout::row_major;  // of recv_x_scales
 
   EPCOMM_HD constexpr int local_experts() const { return num_experts / world_size; }
   // Rows of one local expert's packed output: every source's whole region.
   EPCOMM_HD constexpr int rows_per_expert() const { return world_size * max_tokens_per_rank; }
   EPCOMM_HD constexpr int scales_per_token() const { return has_scales ? hidden / scale_block : 0; }
 };
+
+// recv_x_scales in the shape's layout (low_latency/scale_layout.hpp): 32-bit
+// words per token (floats, or four exponent bytes for ue8m0), and the stride
+// between consecutive tokens' words of one group in the token-major layouts.
+EPCOMM_HD constexpr int scale_words_per_token(const shape& s) {
+  return s.scale_layout == ll_scale_layout::ue8m0 ? (s.scales_per_token() + 3) / 4
+                                                  : s.scales_per_token();
+}
+EPCOMM_HD constexpr std::size_t scale_token_stride(const shape& s) {
+  const auto rows = static_cast<std::size_t>(s.rows_per_expert());
+  return s.scale_layout == ll_scale_layout::row_major ? rows : align_up(rows, 4);
+}
+EPCOMM_HD constexpr std::size_t recv_scales_words(const shape& s) {
+  return static_cast<std::size_t>(s.local_experts()) * scale_token_stride(s) *
+         scale_words_per_token(s);
+}
+
+// The biased exponent of a power-of-two scale: its UE8M0 encoding.
+EPCOMM_HD constexpr std::uint32_t ue8m0_of(float pow2_scale) {
+  return (detail::bit_cast<std::uint32_t>(pow2_scale) >> 23) & 0xFFu;
+}
+
+// Writes words first, first + step, ... of packed row `row` of local expert
+// `le` into the recv_x_scales region at `region`, from the token's scales as
+// its record carries them (one float per 128 channels). The host engine calls
+// it with (0, 1), a kernel's warp with (lane, 32): one definition of the layout.
+EPCOMM_HD inline void store_scales(const shape& s, std::byte* region, int le, int row,
+                                   const std::byte* scales, int first, int step) {
+  const int groups = s.scales_per_token();
+  const int words = scale_words_per_token(s);
+  const std::size_t stride = scale_token_stride(s);
+  const std::size_t expert = static_cast<std::size_t>(le) * stride * words;
+  auto* out = reinterpret_cast<std::uint32_t*>(region) + expert;
+  const auto* in = reinterpret_cast<const float*>(scales);  // 16-byte aligned in a record
+  for (int w = first; w < words; w += step) {
+    switch (s.scale_layout) {
+      case ll_scale_layout::row_major:
+        out[static_cast<std::size_t>(row) * words + w] = detail::bit_cast<std::uint32_t>(in[w]);
+        break;
+      case ll_scale_layout::token_major:
+        out[w * stride + row] = detail::bit_cast<std::uint32_t>(in[w]);
+        break;
+      case ll_scale_layout::ue8m0: {
+        std::uint32_t packed = 0;
+        for (int k = 0; k < 4 && 4 * w + k < groups; ++k)
+          packed |= ue8m0_of(in[4 * w + k]) << (8 * k);
+        out[w * stride + row] = packed;
+        break;
+      }
+    }
+  }
+}
 
 EPCOMM_HD constexpr std::size_t payload_bytes(const shape& s) {
   return static_cast<std::size_t>(s.hidden) * s.wire_bytes;
@@ -128,7 +183,7 @@ struct plan {
   // Local: never touched by peers.
   std::size_t combine_send;     // [E_local][R * max_tokens][H] bf16, aligned with recv_x
   std::size_t recv_x;           // [E_local][R * max_tokens][H] wire elements, packed
-  std::size_t recv_scales;      // [E_local][R * max_tokens][H / 128] float (fp8)
+  std::size_t recv_scales;      // fp8: recv_scales_words(s) 32-bit words, in s.scale_layout
   std::size_t recv_src;         // [E_local][R * max_tokens] source
   std::size_t recv_range;       // [E_local][R] range
   std::size_t recv_count;       // [E_local] int32
@@ -161,7 +216,7 @@ EPCOMM_HD constexpr plan plan_buffer(const shape& s, bool staging = false) {
   p.combine_recv = regions.take(t * k * h * 2);
   p.combine_send = regions.take(rows * h * 2);
   p.recv_x = regions.take(rows * h * s.wire_bytes);
-  p.recv_scales = regions.take(rows * s.scales_per_token() * sizeof(float));
+  p.recv_scales = regions.take(recv_scales_words(s) * sizeof(std::uint32_t));
   p.recv_src = regions.take(rows * sizeof(source));
   p.recv_range = regions.take(el * r * sizeof(range));
   p.recv_count = regions.take(el * sizeof(std::int32_t));

@@ -83,8 +83,11 @@ struct ll_device_handle {
 // the same parity (two dispatches later), once the stream got there.
 template <class Wire>
 struct ll_device_dispatch_result {
-  const Wire* recv_x = nullptr;                 // [E_local][R * max_tokens][H]
-  const float* recv_x_scales = nullptr;         // [E_local][R * max_tokens][H / 128], fp8 wire
+  const Wire* recv_x = nullptr;  // [E_local][R * max_tokens][H]
+  // fp8 wire, in the buffer's scale_layout (low_latency/scale_layout.hpp):
+  // ue8m0 fills recv_x_scales_ue8m0, the others recv_x_scales.
+  const float* recv_x_scales = nullptr;
+  const std::int32_t* recv_x_scales_ue8m0 = nullptr;
   const std::int32_t* recv_count = nullptr;     // [E_local]
   const wire::ll::source* recv_src = nullptr;   // [E_local][R * max_tokens]
   const wire::ll::range* recv_range = nullptr;  // [E_local][R]
@@ -399,8 +402,12 @@ class low_latency_device_buffer {
     st.dispatch_pending = false;
     dispatch_result res;
     res.recv_x = local<const Wire>(p, plan_.recv_x);
-    if constexpr (token_traits<Wire>::has_scales)
-      res.recv_x_scales = local<const float>(p, plan_.recv_scales);
+    if constexpr (token_traits<Wire>::has_scales) {
+      if (shape_.scale_layout == ll_scale_layout::ue8m0)
+        res.recv_x_scales_ue8m0 = local<const std::int32_t>(p, plan_.recv_scales);
+      else
+        res.recv_x_scales = local<const float>(p, plan_.recv_scales);
+    }
     res.recv_count = local<const std::int32_t>(p, plan_.recv_count);
     res.recv_src = local<const wire::ll::source>(p, plan_.recv_src);
     res.recv_range = local<const wire::ll::range>(p, plan_.recv_range);

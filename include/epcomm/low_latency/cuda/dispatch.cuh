@@ -377,11 +377,9 @@ __device__ void unpack_record(const ll_args& a, int le, int src, int i, int row)
     group_copy<static_cast<std::size_t>(Hidden) * sizeof(Wire), warp_size>(x, body, lane);
   else
     group_copy(x, body, payload, lane, warp_size);
-  if constexpr (token_traits<Wire>::has_scales) {
-    const std::size_t scale_bytes = sizeof(float) * (hidden / fp8_block);
-    group_copy(ll_region(a, rank, a.plan.recv_scales) + packed * scale_bytes,
-               rec + wire::ll::scales_offset(s), scale_bytes, lane, warp_size);
-  }
+  if constexpr (token_traits<Wire>::has_scales)
+    wire::ll::store_scales(s, ll_region(a, rank, a.plan.recv_scales), le, row,
+                           rec + wire::ll::scales_offset(s), lane, warp_size);
   if (lane == 0)
     reinterpret_cast<wire::ll::source*>(ll_region(a, rank, a.plan.recv_src))[packed] = from;
 }
