@@ -54,6 +54,7 @@ struct scenario {
   int bound = 0;       // worst-case receive bound: the asynchronous path
   bool bias = false;   // combine with bias_0 and bias_1
   int misalign_x = 0;  // x starts this many elements past a 16-byte boundary
+  int alignment = 1;   // expert_alignment
 };
 
 inline std::string describe(const scenario& sc, const char* dtype) {
@@ -61,6 +62,7 @@ inline std::string describe(const scenario& sc, const char* dtype) {
   if (sc.bound) s += " bound=" + std::to_string(sc.bound);
   if (sc.bias) s += " bias";
   if (sc.misalign_x) s += " misaligned";
+  if (sc.alignment > 1) s += " expert_alignment=" + std::to_string(sc.alignment);
   return s;
 }
 
@@ -156,9 +158,9 @@ std::string run_scenario(int rank, device_engine<Token, Link>& dev, host_engine<
 
   const auto hres = host.dispatch(
       {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights},
-      {sc.bound});
+      {sc.bound, sc.alignment});
   const device_input<Token> din(mine, sc.misalign_x);
-  auto dres = dev.dispatch(din.view(s), {sc.bound}, stream);
+  auto dres = dev.dispatch(din.view(s), {sc.bound, sc.alignment}, stream);
   if (sc.bound > 0) {
     if (dres.num_recv_tokens != -1) return "a bounded dispatch synchronised";
     dev.synchronize(stream);
@@ -171,7 +173,8 @@ std::string run_scenario(int rank, device_engine<Token, Link>& dev, host_engine<
   const auto d =
       download(dres, num_recv, rows, s, std::vector<int>(per_expert.begin(), per_expert.end()));
 
-  if (auto e = test::check_dispatch(s, rank, all, d.view); !e.empty()) return "dispatch: " + e;
+  if (auto e = test::check_dispatch(s, rank, all, d.view, -1, sc.alignment); !e.empty())
+    return "dispatch: " + e;
   if (num_recv != hres.num_recv_tokens) return "received count differs from the host engine's";
   // Token rows past the received count hold whatever earlier calls left
   // there; the padded metadata is defined and compared in full.
@@ -228,9 +231,10 @@ std::vector<scenario> scenarios(int world, bool quick) {
   using test::routing;
   std::vector<scenario> v;
   v.push_back({{world, 96, 256, 4, 0, routing::random, 11}});
-  v.push_back({{world, 64, 7168, 8, 0, routing::random, 12}});             // hidden-specialised
-  v.push_back({{world, 80, 512, 4, 0, routing::random, 13}, world * 80});  // async, padded
-  v.push_back({{world, 48, 256, 3, 0, routing::uneven, 14}, 0, true});     // bias
+  v.push_back({{world, 64, 7168, 8, 0, routing::random, 12}});                 // hidden-specialised
+  v.push_back({{world, 80, 512, 4, 0, routing::random, 13}, world * 80});      // async, padded
+  v.push_back({{world, 48, 256, 3, 0, routing::uneven, 14}, 0, true});         // bias
+  v.push_back({{world, 40, 128, 4, 0, routing::random, 19}, 0, false, 0, 8});  // expert_alignment
   if (quick) return v;
   for (routing r :
        {routing::one_expert, routing::none, routing::starve_last, routing::duplicate_rank})
@@ -341,7 +345,7 @@ std::string check_graph_replay(int rank, device_engine<Token, Link>& dev, host_e
 
 // Correctness of one token type on `world` ranks: every scenario, then bad input.
 template <class Token, class Link = nvlink_ipc::transport>
-int check_rank(local_bootstrap& boot, bool quick) {
+int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
   const int rank = boot.rank();
   use_device(rank);
   cudaStream_t stream = nullptr;
@@ -353,6 +357,7 @@ int check_rank(local_bootstrap& boot, bool quick) {
   cfg.max_topk = 8;
   cfg.max_tokens_per_rank = 512;
   cfg.timeout = std::chrono::seconds(60);
+  cfg.max_blocks = max_blocks;
   int failures = 0;
   {
     device_engine<Token, Link> dev(boot, cfg, check_rma_memory);

@@ -494,7 +494,7 @@ inline std::vector<int> ll_tokens(int world, int n, int max, std::uint64_t seed)
 // 16-byte vectors, and a misaligned x; fp8: 384 with scales rounded to
 // powers of two).
 template <class Wire, class Link = nvlink_ipc::transport>
-int check_ll_rank(local_bootstrap& boot, bool quick) {
+int check_ll_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
   constexpr bool fp8 = token_traits<Wire>::has_scales;
   const int rank = boot.rank(), world = boot.world_size();
   use_device(rank);
@@ -511,10 +511,17 @@ int check_ll_rank(local_bootstrap& boot, bool quick) {
   struct shape_case {
     int hidden;
     bool round_scale;
+    ll_scale_layout layout;
   };
-  const shape_case shapes[] = {{7168, false}, {fp8 ? 384 : 200, fp8}};
+  // fp8: DeepEP's two layouts, so the kernels write both (the host engine's
+  // tests cover row_major).
+  const shape_case shapes[] = {
+      {7168, false, fp8 ? ll_scale_layout::token_major : ll_scale_layout::row_major},
+      {fp8 ? 384 : 200, fp8, fp8 ? ll_scale_layout::ue8m0 : ll_scale_layout::row_major}};
   for (const shape_case& sc : shapes) {
     low_latency_config cfg{8 * world, sc.hidden, 8, 32, sc.round_scale, std::chrono::seconds(60)};
+    cfg.scale_layout = sc.layout;
+    cfg.max_blocks = max_blocks;
     ll_engines<Wire, Link> e(boot, cfg, stream);
     e.round = sc.round_scale;
     const int max = cfg.max_tokens_per_rank, experts = cfg.num_experts;

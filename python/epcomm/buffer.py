@@ -225,9 +225,6 @@ class Buffer:
         is_token_in_rank says, and the top-k results are None."""
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         self._host_only("dispatch", x)
-        if expert_alignment < 1:
-            raise error(self.rank, "dispatch",
-                        f"invalid input: expert_alignment must be >= 1, got {expert_alignment}")
         cached = handle is not None
         if cached:
             if not isinstance(handle, _NormalHandle):
@@ -243,7 +240,8 @@ class Buffer:
             topk_idx = self._rank_routing(is_token_in_rank, num_experts)
             topk_weights = torch.ones(topk_idx.shape, dtype=torch.float32)
         n, rx, rs, ridx, rw, rsrc, per_expert, cpp = engine.dispatch(
-            _dl(x), _dl(x_scales), _dl(topk_idx), _dl(topk_weights), num_worst_tokens)
+            _dl(x), _dl(x_scales), _dl(topk_idx), _dl(topk_weights), num_worst_tokens,
+            expert_alignment)
         recv_x = from_dlpack(rx).clone()
         if rs is not None:
             recv_x = (recv_x, from_dlpack(rs).clone())
@@ -257,7 +255,7 @@ class Buffer:
                 new_handle, EventOverlap()
         recv_topk_weights = from_dlpack(rw).clone() if topk_weights is not None else None
         # With num_worst_tokens DeepEP leaves the list empty (no host sync).
-        counts = [] if num_worst_tokens else _aligned(per_expert, expert_alignment)
+        counts = [] if num_worst_tokens else per_expert
         return (recv_x, from_dlpack(ridx).clone(), recv_topk_weights, counts, new_handle,
                 EventOverlap())
 
@@ -366,6 +364,10 @@ class Buffer:
             if rs is not None:
                 rs.copy_(got_s)
 
+        if not return_recv_hook:
+            hook()
+            return (rx if rs is None else (rx, rs)), count, handle, EventOverlap(), None
+        # DeepEP hands out the tensors now and fills them in the hook.
         return (rx if rs is None else (rx, rs)), count, handle, EventOverlap(), hook
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,

@@ -32,7 +32,7 @@ class normal_buffer {
   //  recv_topk_weights, recv_src_idx, num_recv_tokens_per_expert, handle)
   py::tuple dispatch(py::object self, const py::object& x, const py::object& x_scales,
                      const py::object& topk_idx, const py::object& topk_weights,
-                     int worst_case_recv_tokens) {
+                     int worst_case_recv_tokens, int expert_alignment) {
     const call_site at{engine_->rank(), "dispatch"};
     const auto xs = read_tensor<const Token>(x, "x", at);
     const auto scales = read_tensor<const float>(x_scales, "x_scales", at);
@@ -50,7 +50,8 @@ class normal_buffer {
     dispatch_result<Token> res;
     {
       py::gil_scoped_release free;
-      res = engine_->dispatch(in, {.worst_case_recv_tokens = worst_case_recv_tokens});
+      res = engine_->dispatch(in, {.worst_case_recv_tokens = worst_case_recv_tokens,
+                                   .expert_alignment = expert_alignment});
     }
     const std::int64_t rows = static_cast<std::int64_t>(res.recv_src_idx.size());
     const std::int64_t k = in.topk;
@@ -111,8 +112,10 @@ void bind_normal_buffer(py::module_& m, const char* name) {
            py::arg("max_tokens_per_rank"), py::arg("timeout"), py::arg("mask_lost_ranks"))
       .def("dispatch",
            [](py::object self, const py::object& x, const py::object& x_scales,
-              const py::object& topk_idx, const py::object& topk_weights, int worst) {
-             return self.cast<B&>().dispatch(self, x, x_scales, topk_idx, topk_weights, worst);
+              const py::object& topk_idx, const py::object& topk_weights, int worst,
+              int alignment) {
+             return self.cast<B&>().dispatch(self, x, x_scales, topk_idx, topk_weights, worst,
+                                             alignment);
            })
       .def("combine_send_buffer",
            [](py::object self, const dispatch_handle& h) {

@@ -53,6 +53,18 @@ EPCOMM_LL_CASE(bf16, 3)
 EPCOMM_LL_CASE(bf16, 4)
 EPCOMM_LL_CASE(fp8_e4m3, 2)
 
+// A block budget (max_blocks) below what the kernels would launch: the
+// minimum each mode needs and an odd one; every kernel then loops.
+#define EPCOMM_BUDGET_CASE(MODE, CHECK_RANK, TOKEN, WORLD, BLOCKS)                          \
+  TEST_CASE(MODE " " #TOKEN " on " #WORLD " ranks, " #BLOCKS " blocks per kernel") {        \
+    on_ranks(WORLD, [](local_bootstrap& b) { return CHECK_RANK<TOKEN>(b, true, BLOCKS); }); \
+  }
+
+EPCOMM_BUDGET_CASE("normal", check_rank, bf16, 3, 2)
+EPCOMM_BUDGET_CASE("normal", check_rank, fp8_e4m3, 2, 3)
+EPCOMM_BUDGET_CASE("low-latency", check_ll_rank, bf16, 3, 1)
+EPCOMM_BUDGET_CASE("low-latency", check_ll_rank, fp8_e4m3, 2, 5)
+
 TEST_CASE("normal absent peer on 3 ranks") { on_ranks(3, check_absent_peer<>); }
 
 TEST_CASE("low-latency absent peer on 3 ranks") { on_ranks(3, check_ll_absent_peer<>); }

@@ -209,6 +209,7 @@ int run_rank(local_bootstrap& boot, shape s, int per_node, const std::vector<rou
     s.route = routes[call];
     ++s.seed;
     const int bound = call % 2 == 1 ? s.world * s.tokens : 0;
+    const int alignment = call % 3 == 2 ? 16 : 1;  // expert_alignment
     const std::string what = test::transport_name(buf.inter_transport()) + " inter, " +
                              std::to_string(g.nodes()) + " nodes of " + std::to_string(per_node) +
                              ", " + test::describe(s, token_traits<Token>::name.data());
@@ -224,9 +225,10 @@ int run_rank(local_bootstrap& boot, shape s, int per_node, const std::vector<rou
     const auto t0 = buf.traffic();
     const auto res = buf.dispatch(
         {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights},
-        {bound});
+        {bound, alignment});
     const auto t1 = buf.traffic();
-    if (auto e = test::check_dispatch(s, rank, all, res); !e.empty()) return fail("dispatch", e);
+    if (auto e = test::check_dispatch(s, rank, all, res, -1, alignment); !e.empty())
+      return fail("dispatch", e);
     if (bound > 0 && (res.recv_x.size() != static_cast<std::size_t>(bound) * s.hidden ||
                       res.recv_src_idx.size() != static_cast<std::size_t>(bound) ||
                       (res.num_recv_tokens < bound && res.recv_src_idx[bound - 1] != -1)))

@@ -92,6 +92,71 @@ TEST_CASE_TEMPLATE_DEFINE("worst-case receive bound pads results to a routing-in
   CHECK(test::run_case<T, bf16>({4, 40, 128, 4, 16, test::routing::random, 41}, opt));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("expert_alignment rounds each expert's count up to its multiple", T,
+                          dc_alignment) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  test::case_options opt;
+  opt.iterations = 2;
+  for (int alignment : {3, 128}) {
+    opt.expert_alignment = alignment;
+    CHECK(test::run_case<T, bf16>({3, 50, 128, 4, 12, test::routing::uneven, 45}, opt));
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("a handle stays valid across later dispatches, combined in any order", T,
+                          dc_live_handles) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  // Megatron keeps a layer's handle from forward to backward while other
+  // layers dispatch: three dispatches of different sizes and routings, then
+  // their combines in reverse order, each from its own handle.
+  const auto codes = launch_local(3, [](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    buffer_config cfg;
+    cfg.num_experts = 12;
+    cfg.max_hidden = 128;
+    cfg.max_topk = 4;
+    cfg.max_tokens_per_rank = 40;
+    buffer<T, bf16> buf(boot, cfg);
+    struct layer {
+      test::shape s;
+      std::vector<test::rank_input<bf16>> all;
+      std::vector<combine_type_t<bf16>> y;  // copied: the views die at the next dispatch
+      std::vector<float> weights;
+      dispatch_handle handle;
+    };
+    std::vector<layer> layers;
+    const test::routing routes[] = {test::routing::uneven, test::routing::random,
+                                    test::routing::one_expert};
+    for (int l = 0; l < 3; ++l) {
+      layer L{{3, 40 - 13 * l, 128, 4, 12, routes[l], 61u + l}, {}, {}, {}, {}};
+      for (int r = 0; r < 3; ++r) L.all.push_back(test::make_input<bf16>(L.s, r));
+      const auto& mine = L.all[rank];
+      const auto res = buf.dispatch({L.s.tokens, L.s.hidden, L.s.topk, mine.x, mine.scales,
+                                     mine.topk_idx, mine.topk_weights});
+      if (auto e = test::check_dispatch(L.s, rank, L.all, res); !e.empty()) {
+        std::fprintf(stderr, "rank %d dispatch %d: %s\n", rank, l, e.c_str());
+        return 1;
+      }
+      L.y = test::expert_rows(res, L.s.hidden, rank);
+      L.weights.assign(res.recv_topk_weights.begin(), res.recv_topk_weights.end());
+      L.handle = res.handle;
+      layers.push_back(std::move(L));
+    }
+    for (int l = 2; l >= 0; --l) {
+      const layer& L = layers[l];
+      const auto out = buf.combine({L.y, L.weights, {}, {}}, L.handle);
+      if (auto e = test::check_combine(L.s, L.all[rank], out); !e.empty()) {
+        std::fprintf(stderr, "rank %d combine %d: %s\n", rank, l, e.c_str());
+        return 1;
+      }
+    }
+    return 0;
+  });
+  CHECK(test::all_ok(codes, "handles across dispatches"));
+}
+
 TEST_CASE_TEMPLATE_DEFINE(
     "tokens from dispatch_send_buffer, expert rows from combine_send_buffer, some ranks or all", T,
     dc_in_place) {
@@ -135,12 +200,14 @@ TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks: built over shm, refused on every ran
   CHECK(test::all_ok(codes, "mask_lost_ranks option"));
 }
 
-#define EPCOMM_DISPATCH_COMBINE_SUITE(T)        \
-  TEST_CASE_TEMPLATE_INVOKE(dc_random, T);      \
-  TEST_CASE_TEMPLATE_INVOKE(dc_adversarial, T); \
-  TEST_CASE_TEMPLATE_INVOKE(dc_extremes, T);    \
-  TEST_CASE_TEMPLATE_INVOKE(dc_reference, T);   \
-  TEST_CASE_TEMPLATE_INVOKE(dc_repeat, T);      \
-  TEST_CASE_TEMPLATE_INVOKE(dc_bound, T);       \
-  TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T);    \
+#define EPCOMM_DISPATCH_COMBINE_SUITE(T)         \
+  TEST_CASE_TEMPLATE_INVOKE(dc_random, T);       \
+  TEST_CASE_TEMPLATE_INVOKE(dc_adversarial, T);  \
+  TEST_CASE_TEMPLATE_INVOKE(dc_extremes, T);     \
+  TEST_CASE_TEMPLATE_INVOKE(dc_reference, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(dc_repeat, T);       \
+  TEST_CASE_TEMPLATE_INVOKE(dc_bound, T);        \
+  TEST_CASE_TEMPLATE_INVOKE(dc_alignment, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(dc_live_handles, T); \
+  TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T);     \
   TEST_CASE_TEMPLATE_INVOKE(dc_mask_option, T)

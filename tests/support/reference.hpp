@@ -27,9 +27,11 @@ Out expert_output(const Token* x, const float* scales, int c, int rank) {
 
 // `padded_source`: a lost rank whose rows never all arrived (mask_lost_ranks);
 // its rows must read as padding (src_idx and topk_idx -1, weight 0).
+// `expert_alignment`: the dispatch's option, by which per-expert counts round up.
 template <token_type Token>
 std::string check_dispatch(const shape& s, int rank, const std::vector<rank_input<Token>>& all,
-                           const dispatch_result<Token>& res, int padded_source = -1) {
+                           const dispatch_result<Token>& res, int padded_source = -1,
+                           int expert_alignment = 1) {
   std::ostringstream err;
   const int per_rank = s.experts / s.world;
   const std::size_t h = s.hidden, k = s.topk,
@@ -84,6 +86,8 @@ std::string check_dispatch(const shape& s, int rank, const std::vector<rank_inpu
   }
   if (row != res.num_recv_tokens)
     err << " received " << res.num_recv_tokens << " rows, expected " << row;
+  for (int& n : per_expert)
+    if (n % expert_alignment != 0) n += expert_alignment - n % expert_alignment;
   if (res.num_recv_tokens_per_expert != per_expert) err << " tokens per expert differ";
   return err.str();
 }

@@ -30,6 +30,7 @@ inline bool applies(in_place mode, int rank) {
 struct case_options {
   int iterations = 1;
   int worst_case_recv_tokens = 0;
+  int expert_alignment = 1;
   in_place dispatch_in_place = in_place::none;
   in_place combine_in_place = in_place::none;
 };
@@ -64,7 +65,7 @@ int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
       std::copy(mine.x.begin(), mine.x.end(), at.begin());
       in.x = at;
     }
-    const auto res = buf.dispatch(in, {opt.worst_case_recv_tokens});
+    const auto res = buf.dispatch(in, {opt.worst_case_recv_tokens, opt.expert_alignment});
     const std::string what =
         transport_name(buf.transport()) + " " + describe(s, token_traits<Token>::name.data());
     if (opt.worst_case_recv_tokens > 0 &&
@@ -72,7 +73,7 @@ int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
       std::fprintf(stderr, "rank %d [%s]: result not padded to the bound\n", rank, what.c_str());
       return 1;
     }
-    if (auto e = check_dispatch(s, rank, all, res); !e.empty()) {
+    if (auto e = check_dispatch(s, rank, all, res, -1, opt.expert_alignment); !e.empty()) {
       std::fprintf(stderr, "rank %d [%s] dispatch: %s\n", rank, what.c_str(), e.c_str());
       return 1;
     }

@@ -74,7 +74,11 @@ class device_calls {
   // allocate()'s host_extra bytes (pinned).
   std::byte* host_extra() { return reinterpret_cast<std::byte*>(host_report_ + 1); }
 
-  int sm_count() const { return sm_count_; }
+  // The blocks one kernel launch may use: the config's max_blocks, or two
+  // per SM when it is 0 (the kernels loop, so more would only queue).
+  int block_budget(int max_blocks) const {
+    return max_blocks > 0 ? max_blocks : 2 * std::max(sm_count_, 1);
+  }
   std::uint64_t timeout_ns() const {
     return static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count());

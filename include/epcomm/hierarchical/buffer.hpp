@@ -352,9 +352,7 @@ requires peer_mapped_transport<Intra> &&
     if (in.topk_weights.size() != t * k)
       return "topk_weights holds " + n(in.topk_weights.size()) +
              " values, expected T*K = " + n(t * k);
-    if (opt.worst_case_recv_tokens < 0 || opt.worst_case_recv_tokens > cap_.max_recv_tokens)
-      return "worst_case_recv_tokens " + n(opt.worst_case_recv_tokens) +
-             " is outside [0, max_recv_tokens " + n(cap_.max_recv_tokens) + "]";
+    if (auto bad = check_dispatch_options(opt, cap_.max_recv_tokens); !bad.empty()) return bad;
     if (auto bad = find_invalid_expert(in.topk_idx, in.topk, cap_.num_experts)) return *bad;
     return {};
   }
@@ -636,6 +634,7 @@ requires peer_mapped_transport<Intra> &&
     for (const auto& r : all)
       for (int e = 0; e < per_rank; ++e)
         res.num_recv_tokens_per_expert[e] += r.tokens_per_expert[rank_ * per_rank + e];
+    for (int& c : res.num_recv_tokens_per_expert) c = aligned_expert_count(c, opt.expert_alignment);
   }
 
   // ---- combine -----------------------------------------------------------

@@ -35,6 +35,12 @@ struct low_latency_config {
   // Bound on construction (config agreement, transport set-up, connections);
   // 0: the call timeout in force. See setup_timeout_of.
   std::chrono::milliseconds setup_timeout{0};
+  // fp8 wire only: how recv_x_scales is laid out (low_latency/scale_layout.hpp);
+  // token_major and ue8m0 are DeepEP's, for DeepGEMM. ue8m0 needs round_scale.
+  ll_scale_layout scale_layout = ll_scale_layout::row_major;
+  // Device buffers: at most this many thread blocks per kernel launch, the
+  // share of the GPU communication may take (DeepEP's num_sms). 0: two per SM.
+  int max_blocks = 0;
 };
 
 struct ll_dispatch_input {

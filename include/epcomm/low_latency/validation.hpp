@@ -62,6 +62,7 @@ wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
   checks.need(static_cast<long long>(world) * cfg.max_tokens_per_rank <=
                   std::numeric_limits<std::int32_t>::max(),
               "world_size * max_tokens_per_rank overflows int32");
+  checks.need(cfg.max_blocks >= 0, "max_blocks must be >= 0 (0: two per SM)");
   checks.need(!cfg.mask_lost_ranks || can_mask_lost_ranks,
               "mask_lost_ranks needs the host engine over a peer-mapped transport that can tell "
               "a peer's exit (shm)");

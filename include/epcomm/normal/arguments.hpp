@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "epcomm/core/deadline.hpp"
@@ -33,6 +34,10 @@ struct buffer_config {
   // Bound on construction (config agreement, transport set-up, connections);
   // 0: the call timeout in force. See setup_timeout_of.
   std::chrono::milliseconds setup_timeout{0};
+  // Device buffers: at most this many thread blocks per kernel launch, the
+  // share of the GPU communication may take (DeepEP's num_sms). 0: two per
+  // SM. At least 2: dispatch runs a receiving block beside its senders.
+  int max_blocks = 0;
 };
 
 template <token_type Token>
@@ -51,7 +56,20 @@ struct dispatch_options {
   // (topk_idx -1, weight 0 in the padding), so no result shape depends on the
   // routing. Exceeding it is an error on every rank. 0 = no bound.
   int worst_case_recv_tokens = 0;
+  // DeepEP's expert_alignment: num_recv_tokens_per_expert rounded up to a
+  // multiple of it (aligned_expert_count), for a grouped GEMM's row blocks.
+  int expert_alignment = 1;
 };
+
+// What every engine requires of the options, worded once; empty when valid.
+inline std::string check_dispatch_options(const dispatch_options& opt, int max_recv_tokens) {
+  if (opt.worst_case_recv_tokens < 0 || opt.worst_case_recv_tokens > max_recv_tokens)
+    return "worst_case_recv_tokens " + std::to_string(opt.worst_case_recv_tokens) +
+           " is outside [0, max_recv_tokens " + std::to_string(max_recv_tokens) + "]";
+  if (opt.expert_alignment < 1)
+    return "expert_alignment " + std::to_string(opt.expert_alignment) + " is not >= 1";
+  return {};
+}
 
 // What combine needs to send rows back: the counts every rank exchanged and
 // where each of this rank's tokens went.
@@ -85,7 +103,8 @@ struct dispatch_result {
   std::span<const std::int64_t> recv_topk_idx;  // [N][K], local expert ids, -1 elsewhere
   std::span<const float> recv_topk_weights;     // [N][K], 0 where the id is -1
   std::span<const std::int32_t> recv_src_idx;   // [N] token index on its source rank
-  std::vector<int> num_recv_tokens_per_expert;  // [E/R] (token, k) entries per local expert
+  // [E/R] (token, k) entries per local expert, rounded up to expert_alignment
+  std::vector<int> num_recv_tokens_per_expert;
   dispatch_handle handle;
 };
 

@@ -359,9 +359,7 @@ class buffer {
     if (in.topk_weights.size() != t * k)
       return "topk_weights holds " + std::to_string(in.topk_weights.size()) +
              " values, expected T*K = " + std::to_string(t * k);
-    if (opt.worst_case_recv_tokens < 0 || opt.worst_case_recv_tokens > cap_.max_recv_tokens)
-      return "worst_case_recv_tokens " + std::to_string(opt.worst_case_recv_tokens) +
-             " is outside [0, max_recv_tokens " + std::to_string(cap_.max_recv_tokens) + "]";
+    if (auto bad = check_dispatch_options(opt, cap_.max_recv_tokens); !bad.empty()) return bad;
     if (auto bad = find_invalid_expert(in.topk_idx, in.topk, cap_.num_experts)) return *bad;
     return {};
   }
@@ -538,6 +536,7 @@ class buffer {
       if (rows_came[s])
         for (std::size_t e = 0; e < peers[s].tokens_per_local_expert.size(); ++e)
           res.num_recv_tokens_per_expert[e] += peers[s].tokens_per_local_expert[e];
+    for (int& n : res.num_recv_tokens_per_expert) n = aligned_expert_count(n, opt.expert_alignment);
   }
 
   std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,

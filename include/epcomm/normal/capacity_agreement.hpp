@@ -10,9 +10,9 @@
 #include <limits>
 
 #include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/core/token_types.hpp"
 #include "epcomm/host/config_agreement.hpp"
 #include "epcomm/normal/arguments.hpp"
-#include "epcomm/core/token_types.hpp"
 #include "epcomm/normal/wire.hpp"
 
 namespace epcomm {
@@ -42,6 +42,8 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::mi
                              ? cfg.max_recv_tokens
                              : static_cast<long long>(world) * cfg.max_tokens_per_rank;
   checks.need(recv <= std::numeric_limits<std::int32_t>::max(), "max_recv_tokens overflows int32");
+  checks.need(cfg.max_blocks == 0 || cfg.max_blocks >= 2,
+              "max_blocks must be 0 (two per SM) or >= 2 (a receiving and a sending block)");
   checks.need(!cfg.mask_lost_ranks || can_mask_lost_ranks,
               "mask_lost_ranks needs the flat host engine over a peer-mapped transport that can "
               "tell a peer's exit (shm)");

@@ -34,4 +34,11 @@ EPCOMM_HD constexpr long long total_received(const int* counts, int world, int d
   return n;
 }
 
+// A local expert's received (token, k) count as DeepEP's expert_alignment
+// reports it: rounded up to a multiple of `alignment` (>= 1), the row
+// alignment a grouped GEMM such as DeepGEMM lays each expert's block out with.
+EPCOMM_HD constexpr int aligned_expert_count(int count, int alignment) {
+  return (count + alignment - 1) / alignment * alignment;
+}
+
 }  // namespace epcomm

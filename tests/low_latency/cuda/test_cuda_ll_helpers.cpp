@@ -232,15 +232,18 @@ TEST_CASE("token chunks cover every token once, in order") {
     }
 }
 
-TEST_CASE("launch geometry depends on shape and token count only, within bounds") {
+TEST_CASE("launch geometry depends on shape and token count only, within the block budget") {
   const wire::ll::shape s{4, 64, 7168, 8, 128, 2, false};
-  CHECK(ll_dispatch_send_blocks(0, 132) == 1);
-  CHECK(ll_dispatch_send_blocks(128, 132) == 128);
-  CHECK(ll_dispatch_send_blocks(4096, 132) == 264);
-  CHECK(ll_dispatch_recv_blocks(s) == 64);  // one per (local expert, source) region
-  CHECK(ll_combine_send_blocks(s, 132) == 264);
-  CHECK(ll_combine_send_blocks({1, 1, 128, 1, 1, 2, false}, 132) == 1);
-  CHECK(ll_combine_recv_blocks(7, 132) == 7);
+  CHECK(ll_dispatch_send_blocks(0, 264) == 1);
+  CHECK(ll_dispatch_send_blocks(128, 264) == 128);
+  CHECK(ll_dispatch_send_blocks(4096, 264) == 264);
+  CHECK(ll_dispatch_recv_blocks(s, 264) == 64);  // one per (local expert, source) region
+  CHECK(ll_dispatch_recv_blocks(s, 5) == 5);     // a small budget: blocks take turns
+  CHECK(ll_combine_send_blocks(s, 264) == 264);
+  CHECK(ll_combine_send_blocks(s, 1) == 1);
+  CHECK(ll_combine_send_blocks({1, 1, 128, 1, 1, 2, false}, 264) == 1);
+  CHECK(ll_combine_recv_blocks(7, 264) == 7);
+  CHECK(ll_combine_recv_blocks(7, 3) == 3);
   // The record body is staged whole: payload, then padding to 16 bytes.
   CHECK(ll_body_bytes(s) == 7168 * 2);
   const wire::ll::shape f{4, 64, 7168, 8, 128, 1, true};

@@ -371,7 +371,7 @@ TEST_CASE("the runtime switch picks the most specialised fitting instantiation")
 TEST_CASE("host-side checks of device calls word errors as the host engine does") {
   const wire::capacity cap{2, 8, 256, 4, 8, 16, 16, 1, 2, true};
   const auto check = [&](dispatch_shape s) { return check_dispatch_shape(cap, s); };
-  const dispatch_shape ok{8, 256, 4, 0, true, true, true, true};
+  const dispatch_shape ok{8, 256, 4, true, true, true, true};
   CHECK(check(ok).empty());
   auto s = ok;
   s.num_tokens = 9;
@@ -384,8 +384,10 @@ TEST_CASE("host-side checks of device calls word errors as the host engine does"
   CHECK(check(s) == "hidden 100 is not a multiple of 128 (fp8 scales)");
   s = ok, s.topk = 5;
   CHECK(check(s) == "topk 5 is outside [1, 4]");
-  s = ok, s.worst_case_recv_tokens = 17;
-  CHECK(check(s) == "worst_case_recv_tokens 17 is outside [0, max_recv_tokens 16]");
+  // The options' checks are the host engine's own function.
+  CHECK(check_dispatch_options({17, 1}, cap.max_recv_tokens) ==
+        "worst_case_recv_tokens 17 is outside [0, max_recv_tokens 16]");
+  CHECK(check_dispatch_options({0, 0}, cap.max_recv_tokens) == "expert_alignment 0 is not >= 1");
   s = ok, s.has_scales = false;
   CHECK(check(s) == "x_scales is null for fp8 tokens");
   s = ok, s.has_topk_idx = false;

@@ -136,6 +136,7 @@ class low_latency_device_buffer {
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
+        max_blocks_(cfg.max_blocks),
         shape_(agree_ll_shape<Wire>(boot, cfg, setup_timeout_of(cfg), device_limits(cfg, world_))),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         // A channel per parity, and one for the abort relay.
@@ -374,7 +375,7 @@ class low_latency_device_buffer {
     a.ws = ws_;
     a.parity = p;
     a.round_scale = round_scale_ ? 1 : 0;
-    a.sm_count = calls_.sm_count();
+    a.max_blocks = calls_.block_budget(max_blocks_);
     a.timeout_ns = calls_.timeout_ns();
     calls_.copy_cause(a.host_cause, cause);
     return a;
@@ -472,6 +473,7 @@ class low_latency_device_buffer {
   int world_;
   std::chrono::milliseconds timeout_;
   bool round_scale_;
+  int max_blocks_;
   wire::ll::shape shape_;
   wire::ll::plan plan_;
   device_link<Transport> link_;

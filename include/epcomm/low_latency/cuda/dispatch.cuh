@@ -441,8 +441,6 @@ __global__ void __launch_bounds__(ll_threads)
   const int world = s.world_size;
   const int rank = a.peers.rank;
   const int p = a.parity;
-  const int le = blockIdx.x / world;
-  const int src = blockIdx.x % world;
   const int warp = threadIdx.x / warp_size;
   const int lane = threadIdx.x % warp_size;
   const std::uint64_t epoch = a.ws.dispatch_epoch[p];
@@ -450,55 +448,64 @@ __global__ void __launch_bounds__(ll_threads)
   const auto* words =
       reinterpret_cast<const wire::ll::count_word*>(ll_region(a, rank, a.plan.dispatch_counts));
 
-  // Warp 0 waits for this region and every earlier source's region of the
-  // same expert: their counts place this one's rows.
-  bool ok = true;
-  if (warp == 0) {
-    int rows_before = 0, n = 0;
-    bool rejected = false, violated = false;
-    for (int from = lane; from <= src && ok; from += warp_size) {
-      std::uint64_t waited = 0;
-      ok = ll_wait(ll_signal(a, rank, wire::ll::dispatch_signal(s, p, le, from)), epoch,
-                   a.timeout_ns, rep, abort_link_of(a), ll_op::dispatch, from,
-                   ll_waited_for::dispatch_records, &waited);
-      if (!ok) break;
-      if (from == src)
-        atomicMax(reinterpret_cast<unsigned long long*>(a.ws.wait_ns + src),
-                  static_cast<unsigned long long>(waited));
-      const wire::ll::count_word w = words[le * world + from];
-      const ll_word c = classify_dispatch_word(w, epoch, s.max_tokens_per_rank);
-      if (c == ll_word::rejected)
-        rejected = true;
-      else if (c != ll_word::ok)
-        violated = true;
-      else if (from < src)
-        rows_before += w.count;
-      else
-        n = w.count;
+  // One (local expert, source) region at a time; a budget below
+  // E_local * R blocks takes turns.
+  for (int region = blockIdx.x; region < s.local_experts() * world; region += gridDim.x) {
+    const int le = region / world;
+    const int src = region % world;
+    // Warp 0 waits for this region and every earlier source's region of the
+    // same expert: their counts place this one's rows.
+    bool ok = true;
+    if (warp == 0) {
+      int rows_before = 0, n = 0;
+      bool rejected = false, violated = false;
+      for (int from = lane; from <= src && ok; from += warp_size) {
+        std::uint64_t waited = 0;
+        ok = ll_wait(ll_signal(a, rank, wire::ll::dispatch_signal(s, p, le, from)), epoch,
+                     a.timeout_ns, rep, abort_link_of(a), ll_op::dispatch, from,
+                     ll_waited_for::dispatch_records, &waited);
+        if (!ok) break;
+        if (from == src)
+          atomicMax(reinterpret_cast<unsigned long long*>(a.ws.wait_ns + src),
+                    static_cast<unsigned long long>(waited));
+        const wire::ll::count_word w = words[le * world + from];
+        const ll_word c = classify_dispatch_word(w, epoch, s.max_tokens_per_rank);
+        if (c == ll_word::rejected)
+          rejected = true;
+        else if (c != ll_word::ok)
+          violated = true;
+        else if (from < src)
+          rows_before += w.count;
+        else
+          n = w.count;
+      }
+      rows_before = __reduce_add_sync(0xffffffffu, rows_before);
+      n = __reduce_add_sync(0xffffffffu, n);
+      rejected = __any_sync(0xffffffffu, rejected);
+      violated = __any_sync(0xffffffffu, violated);
+      if (lane == 0) {
+        begin = rows_before;
+        count = n;
+        // A failing call only drains, as the host engine does; the verdict
+        // comes from the last block.
+        unpack = self_ok && !rejected && !violated;
+      }
     }
-    rows_before = __reduce_add_sync(0xffffffffu, rows_before);
-    n = __reduce_add_sync(0xffffffffu, n);
-    rejected = __any_sync(0xffffffffu, rejected);
-    violated = __any_sync(0xffffffffu, violated);
-    if (lane == 0) {
-      begin = rows_before;
-      count = n;
-      // A failing call only drains, as the host engine does; the verdict
-      // comes from the last block.
-      unpack = self_ok && !rejected && !violated;
-    }
-  }
-  if (__syncthreads_and(ok ? 1 : 0) == 0) return;
+    if (__syncthreads_and(ok ? 1 : 0) == 0) return;
 
-  if (unpack) {
-    if (threadIdx.x == 0) {
-      reinterpret_cast<wire::ll::range*>(ll_region(
-          a, rank, a.plan.recv_range))[static_cast<std::size_t>(le) * world + src] = {begin, count};
-      if (src == world - 1)
-        reinterpret_cast<std::int32_t*>(ll_region(a, rank, a.plan.recv_count))[le] = begin + count;
+    if (unpack) {
+      if (threadIdx.x == 0) {
+        reinterpret_cast<wire::ll::range*>(
+            ll_region(a, rank, a.plan.recv_range))[static_cast<std::size_t>(le) * world + src] = {
+            begin, count};
+        if (src == world - 1)
+          reinterpret_cast<std::int32_t*>(ll_region(a, rank, a.plan.recv_count))[le] =
+              begin + count;
+      }
+      for (int i = warp; i < count; i += ll_warps)
+        unpack_record<Wire, Hidden>(a, le, src, i, begin + i);
     }
-    for (int i = warp; i < count; i += ll_warps)
-      unpack_record<Wire, Hidden>(a, le, src, i, begin + i);
+    __syncthreads();  // begin, count and unpack belong to this region until here
   }
 
   const int kernel = static_cast<int>(ll_kernel::dispatch_recv);

@@ -51,7 +51,7 @@ int launch_ll_dispatch_send(const ll_args& a, stream_t stream) {
   const auto kernel = &device::ll_dispatch_send_kernel<Wire, Hidden>;
   const std::size_t shared = ll_send_shared_bytes(a.shape);
   if (const int e = detail::allow_shared(kernel, shared); e != 0) return e;
-  EPCOMM_KERNEL_LAUNCH(ll_dispatch_send_blocks(a.num_tokens, a.sm_count), ll_threads, shared,
+  EPCOMM_KERNEL_LAUNCH(ll_dispatch_send_blocks(a.num_tokens, a.max_blocks), ll_threads, shared,
                        stream, kernel)
   (a);
   return static_cast<int>(cudaGetLastError());
@@ -59,7 +59,7 @@ int launch_ll_dispatch_send(const ll_args& a, stream_t stream) {
 
 template <class Wire, int Hidden>
 int launch_ll_dispatch_recv(const ll_args& a, stream_t stream) {
-  EPCOMM_KERNEL_LAUNCH(ll_dispatch_recv_blocks(a.shape), ll_threads, 0, stream,
+  EPCOMM_KERNEL_LAUNCH(ll_dispatch_recv_blocks(a.shape, a.max_blocks), ll_threads, 0, stream,
                        device::ll_dispatch_recv_kernel<Wire, Hidden>)
   (a);
   return static_cast<int>(cudaGetLastError());
@@ -70,7 +70,7 @@ int launch_ll_combine_send(const ll_args& a, stream_t stream) {
   const auto kernel = &device::ll_combine_send_kernel<Hidden>;
   const std::size_t shared = sizeof(int) * (a.shape.local_experts() + 1);
   if (const int e = detail::allow_shared(kernel, shared); e != 0) return e;
-  EPCOMM_KERNEL_LAUNCH(ll_combine_send_blocks(a.shape, a.sm_count), ll_threads, shared, stream,
+  EPCOMM_KERNEL_LAUNCH(ll_combine_send_blocks(a.shape, a.max_blocks), ll_threads, shared, stream,
                        kernel)
   (a);
   return static_cast<int>(cudaGetLastError());
@@ -79,7 +79,7 @@ int launch_ll_combine_send(const ll_args& a, stream_t stream) {
 template <int Hidden>
 int launch_ll_combine_recv(const ll_args& a, stream_t stream) {
   const std::size_t shared = (sizeof(std::byte*) + sizeof(float)) * a.shape.max_topk;
-  EPCOMM_KERNEL_LAUNCH(ll_combine_recv_blocks(a.num_tokens, a.sm_count), ll_threads, shared, stream,
+  EPCOMM_KERNEL_LAUNCH(ll_combine_recv_blocks(a.num_tokens, a.max_blocks), ll_threads, shared, stream,
                        device::ll_combine_recv_kernel<Hidden>)
   (a);
   return static_cast<int>(cudaGetLastError());

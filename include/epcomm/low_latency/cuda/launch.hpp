@@ -62,7 +62,7 @@ struct ll_args {
   const float* topk_weights;     // combine: [T][K]
   const bf16* y;                 // combine: [E_local][R * max_tokens][H]
   bf16* out;                     // combine: [T][H]
-  int sm_count;
+  int max_blocks;  // blocks any one kernel may launch (>= 1); see device_calls::block_budget
   std::uint64_t timeout_ns;
   // Non-empty when the host already rejected the input: the send phase
   // posts it as the reject record, so every rank fails together.
@@ -91,30 +91,30 @@ EPCOMM_HD inline abort_link abort_link_of(const ll_args& a) {
 inline constexpr int ll_threads = 256;
 inline constexpr int ll_warps = ll_threads / 32;
 
-// At most two blocks per SM: the kernels loop, so more would only queue.
-inline int ll_block_cap(int sm_count) { return 2 * std::max(sm_count, 1); }
+// Every kernel loops over its work, so any budget of max_blocks >= 1 blocks
+// is correct; fewer blocks only take longer.
 
 // Dispatch send: one block per token (a block casts the row once and writes
 // it to every destination), contiguous chunks when tokens outnumber blocks.
-inline int ll_dispatch_send_blocks(int tokens, int sm_count) {
-  return std::clamp(tokens, 1, ll_block_cap(sm_count));
+inline int ll_dispatch_send_blocks(int tokens, int max_blocks) {
+  return std::clamp(tokens, 1, max_blocks);
 }
 
-// Dispatch receive: one block per (local expert, source) region.
-inline int ll_dispatch_recv_blocks(const wire::ll::shape& s) {
-  return s.local_experts() * s.world_size;
+// Dispatch receive: one block per (local expert, source) region, or each
+// block several regions in turn.
+inline int ll_dispatch_recv_blocks(const wire::ll::shape& s, int max_blocks) {
+  return std::clamp(s.local_experts() * s.world_size, 1, max_blocks);
 }
 
 // Combine send: one warp per received row, over the fixed row bound.
-inline int ll_combine_send_blocks(const wire::ll::shape& s, int sm_count) {
+inline int ll_combine_send_blocks(const wire::ll::shape& s, int max_blocks) {
   const long long rows = static_cast<long long>(s.local_experts()) * s.rows_per_expert();
-  return static_cast<int>(
-      std::clamp<long long>((rows + ll_warps - 1) / ll_warps, 1, ll_block_cap(sm_count)));
+  return static_cast<int>(std::clamp<long long>((rows + ll_warps - 1) / ll_warps, 1, max_blocks));
 }
 
 // Combine receive: one block per token.
-inline int ll_combine_recv_blocks(int tokens, int sm_count) {
-  return std::clamp(tokens, 1, ll_block_cap(sm_count));
+inline int ll_combine_recv_blocks(int tokens, int max_blocks) {
+  return std::clamp(tokens, 1, max_blocks);
 }
 
 // Dynamic shared memory of the dispatch send kernel: the staged record body

@@ -18,7 +18,6 @@ struct dispatch_shape {
   int num_tokens;
   int hidden;
   int topk;
-  int worst_case_recv_tokens;
   bool has_x, has_scales, has_topk_idx, has_topk_weights;  // non-null pointers
 };
 
@@ -41,9 +40,6 @@ inline std::string check_dispatch_shape(const wire::capacity& cap, const dispatc
     if (!in.has_topk_weights) return "topk_weights is null with " + n(in.num_tokens) + " tokens";
   }
   if (!cap.has_scales && in.has_scales) return "x_scales given for a token type without scales";
-  if (in.worst_case_recv_tokens < 0 || in.worst_case_recv_tokens > cap.max_recv_tokens)
-    return "worst_case_recv_tokens " + n(in.worst_case_recv_tokens) +
-           " is outside [0, max_recv_tokens " + n(cap.max_recv_tokens) + "]";
   return {};
 }
 

@@ -121,6 +121,7 @@ class device_buffer {
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
+        max_blocks_(cfg.max_blocks),
         cap_(agree_capacity<Token>(boot, cfg, setup_timeout_of(cfg))),
         plan_(wire::plan_regions(cap_, via_proxy)),
         // One channel for the calls' puts (their kernels are stream-ordered)
@@ -151,9 +152,10 @@ class device_buffer {
                                          const dispatch_options& opt = {},
                                          cudaStream_t stream = nullptr) {
     calls_.ensure_usable("dispatch");
-    const std::string cause = check_dispatch_shape(
-        cap_, {in.num_tokens, in.hidden, in.topk, opt.worst_case_recv_tokens, in.x != nullptr,
-               in.x_scales != nullptr, in.topk_idx != nullptr, in.topk_weights != nullptr});
+    std::string cause = check_dispatch_shape(
+        cap_, {in.num_tokens, in.hidden, in.topk, in.x != nullptr, in.x_scales != nullptr,
+               in.topk_idx != nullptr, in.topk_weights != nullptr});
+    if (cause.empty()) cause = check_dispatch_options(opt, cap_.max_recv_tokens);
     dispatch_args a{};
     a.peers = link_.peers();
     a.route = route();
@@ -171,8 +173,9 @@ class device_buffer {
     a.num_experts = cap_.num_experts;
     a.max_recv_tokens = cap_.max_recv_tokens;
     a.recv_bound = opt.worst_case_recv_tokens;
+    a.expert_alignment = cause.empty() ? opt.expert_alignment : 1;
     a.token_id = token_traits<Token>::id;
-    a.sm_count = calls_.sm_count();
+    a.max_blocks = calls_.block_budget(max_blocks_);
     a.timeout_ns = calls_.timeout_ns();
     calls_.copy_cause(a.host_cause, cause);
 
@@ -236,7 +239,7 @@ class device_buffer {
     a.num_tokens = cause.empty() ? h.num_tokens : 0;
     a.hidden = h.hidden;
     a.topk = h.topk;
-    a.sm_count = calls_.sm_count();
+    a.max_blocks = calls_.block_budget(max_blocks_);
     a.timeout_ns = calls_.timeout_ns();
     calls_.copy_cause(a.host_cause, cause);
 
@@ -325,6 +328,7 @@ class device_buffer {
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
+  int max_blocks_;  // buffer_config::max_blocks
   wire::capacity cap_;
   wire::region_plan plan_;
   device_link<Transport> link_;

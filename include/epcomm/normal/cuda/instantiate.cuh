@@ -32,11 +32,11 @@ namespace epcomm::cuda {
 
 namespace detail {
 
-// Enough blocks to cover `work` warp-sized items, at most two per SM: the
-// kernels loop, so more blocks would only wait for a slot.
-inline unsigned blocks_for(long long work, int warps_per_block, int sm_count) {
+// Enough blocks to cover `work` warp-sized items, within a budget of
+// max_blocks >= 1: the kernels loop, so fewer blocks only take longer.
+inline unsigned blocks_for(long long work, int warps_per_block, int max_blocks) {
   const long long wanted = (work + warps_per_block - 1) / warps_per_block;
-  return static_cast<unsigned>(std::clamp<long long>(wanted, 1, 2LL * std::max(sm_count, 1)));
+  return static_cast<unsigned>(std::clamp<long long>(wanted, 1, max_blocks));
 }
 
 }  // namespace detail
@@ -45,11 +45,14 @@ template <class Token, int Ranks, int Hidden>
 int launch_dispatch(const dispatch_args& a, stream_t stream) {
   const int world = a.peers.world_size;
   const auto expert_bytes = static_cast<std::size_t>(a.num_experts / world) * sizeof(int);
-  EPCOMM_KERNEL_LAUNCH(world, device::layout_threads, expert_bytes, stream,
+  // One block per destination rank, or each block several in turn.
+  EPCOMM_KERNEL_LAUNCH(std::min(world, a.max_blocks), device::layout_threads, expert_bytes, stream,
                        device::layout_kernel<Ranks>)
   (a);
   EPCOMM_KERNEL_LAUNCH(1, device::notify_threads, 0, stream, device::notify_kernel<Ranks>)(a);
-  const unsigned senders = detail::blocks_for(a.num_tokens, device::dispatch_warps, a.sm_count);
+  // The budget's last block receives.
+  const unsigned senders =
+      detail::blocks_for(a.num_tokens, device::dispatch_warps, a.max_blocks - 1);
   EPCOMM_KERNEL_LAUNCH(senders + 1, device::dispatch_threads, device::dispatch_shared_bytes(world),
                        stream, device::dispatch_kernel<Token, Ranks, Hidden>)
   (a);
@@ -61,11 +64,11 @@ int launch_combine(const combine_args& a, stream_t stream) {
   const int world = a.peers.world_size;
   EPCOMM_KERNEL_LAUNCH(1, device::notify_threads, 0, stream, device::combine_ready_kernel<Ranks>)
   (a);
-  const unsigned senders = detail::blocks_for(a.y_rows, device::combine_warps, a.sm_count);
+  const unsigned senders = detail::blocks_for(a.y_rows, device::combine_warps, a.max_blocks);
   EPCOMM_KERNEL_LAUNCH(senders, device::combine_threads, 0, stream,
                        device::combine_send_kernel<Out, Ranks, Hidden>)
   (a);
-  const unsigned reducers = detail::blocks_for(a.num_tokens, device::combine_warps, a.sm_count);
+  const unsigned reducers = detail::blocks_for(a.num_tokens, device::combine_warps, a.max_blocks);
   EPCOMM_KERNEL_LAUNCH(reducers, device::combine_threads, device::reduce_shared_bytes(world),
                        stream, device::combine_reduce_kernel<Out, Ranks, Hidden>)
   (a);

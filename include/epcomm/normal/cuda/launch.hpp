@@ -7,10 +7,10 @@
 #include <type_traits>
 
 #include "epcomm/cuda/abort_link.hpp"
-#include "epcomm/normal/route.hpp"
-#include "epcomm/transport/peer_table.hpp"
 #include "epcomm/normal/report.hpp"
+#include "epcomm/normal/route.hpp"
 #include "epcomm/normal/wire.hpp"
+#include "epcomm/transport/peer_table.hpp"
 
 namespace epcomm::cuda {
 
@@ -48,9 +48,10 @@ struct dispatch_args {
   int topk;
   int num_experts;
   int max_recv_tokens;
-  int recv_bound;  // worst_case_recv_tokens, 0 = none
+  int recv_bound;        // worst_case_recv_tokens, 0 = none
+  int expert_alignment;  // >= 1: num_recv_tokens_per_expert rounded up to a multiple
   int token_id;
-  int sm_count;
+  int max_blocks;  // blocks any one kernel may launch (>= 2); see device_calls::block_budget
   std::uint64_t timeout_ns;
   // Non-empty when the host already rejected the input (shape, sizes): the
   // notify phase posts it so every rank fails together.
@@ -72,7 +73,7 @@ struct combine_args {
   int num_tokens;
   int hidden;
   int topk;
-  int sm_count;
+  int max_blocks;  // blocks any one kernel may launch (>= 2); see device_calls::block_budget
   std::uint64_t timeout_ns;
   char host_cause[wire::cause_bytes];
 };

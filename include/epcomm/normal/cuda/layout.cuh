@@ -4,7 +4,8 @@
 // make_layout (core/layout.hpp): a token goes once to each rank owning one of its
 // experts, and keeps its source order among the tokens sent there.
 //
-// One block per destination rank scans the tokens in tiles; a block-wide
+// One block per destination rank (under a smaller block budget, each block
+// several ranks in turn) scans the tokens in tiles; a block-wide
 // prefix sum turns "token t goes to r" flags into positions, so the result is
 // deterministic (no atomics decide an order).
 #pragma once
@@ -30,47 +31,49 @@ __global__ void __launch_bounds__(layout_threads)
 
   if (is_broken(a.ws.rep)) return;
   const int world = Ranks > 0 ? Ranks : a.peers.world_size;
-  const int dst = blockIdx.x;
   const int per_rank = a.num_experts / world;
   const int k_max = a.topk;
-  const std::int64_t first = static_cast<std::int64_t>(dst) * per_rank;
+  // One destination rank at a time; a budget below world blocks takes turns.
+  for (int dst = blockIdx.x; dst < world; dst += gridDim.x) {
+    const std::int64_t first = static_cast<std::int64_t>(dst) * per_rank;
+    for (int i = threadIdx.x; i < per_rank; i += blockDim.x) expert_count[i] = 0;
+    __syncthreads();
 
-  for (int i = threadIdx.x; i < per_rank; i += blockDim.x) expert_count[i] = 0;
-  __syncthreads();
-
-  int base = 0;
-  for (int tile = 0; tile < a.num_tokens; tile += layout_threads) {
-    const int t = tile + static_cast<int>(threadIdx.x);
-    int goes = 0;
-    if (t < a.num_tokens) {
-      const std::int64_t* row = a.topk_idx + static_cast<std::size_t>(t) * k_max;
-      for (int k = 0; k < k_max; ++k) {
-        const std::int64_t e = row[k];
-        if (e < -1 || e >= a.num_experts) {
-          // Only one block reports, so the lowest bad entry wins exactly as
-          // find_invalid_expert's first match does.
-          if (dst == 0)
-            atomicMin(reinterpret_cast<unsigned long long*>(a.ws.first_invalid),
-                      static_cast<unsigned long long>(t) * k_max + k);
-          continue;
-        }
-        if (e >= first && e < first + per_rank) {
-          goes = 1;
-          atomicAdd(&expert_count[e - first], 1);
+    int base = 0;
+    for (int tile = 0; tile < a.num_tokens; tile += layout_threads) {
+      const int t = tile + static_cast<int>(threadIdx.x);
+      int goes = 0;
+      if (t < a.num_tokens) {
+        const std::int64_t* row = a.topk_idx + static_cast<std::size_t>(t) * k_max;
+        for (int k = 0; k < k_max; ++k) {
+          const std::int64_t e = row[k];
+          if (e < -1 || e >= a.num_experts) {
+            // Only rank 0's pass reports, so the lowest bad entry wins
+            // exactly as find_invalid_expert's first match does.
+            if (dst == 0)
+              atomicMin(reinterpret_cast<unsigned long long*>(a.ws.first_invalid),
+                        static_cast<unsigned long long>(t) * k_max + k);
+            continue;
+          }
+          if (e >= first && e < first + per_rank) {
+            goes = 1;
+            atomicAdd(&expert_count[e - first], 1);
+          }
         }
       }
+      int pos = 0;
+      int tile_total = 0;
+      scan(scan_storage).ExclusiveSum(goes, pos, tile_total);
+      if (t < a.num_tokens)
+        a.ws.send_pos[static_cast<std::size_t>(t) * world + dst] = goes ? base + pos : -1;
+      base += tile_total;
+      __syncthreads();  // scan_storage is reused by the next tile
     }
-    int pos = 0;
-    int tile_total = 0;
-    scan(scan_storage).ExclusiveSum(goes, pos, tile_total);
-    if (t < a.num_tokens)
-      a.ws.send_pos[static_cast<std::size_t>(t) * world + dst] = goes ? base + pos : -1;
-    base += tile_total;
-    __syncthreads();  // scan_storage is reused by the next tile
+    if (threadIdx.x == 0) a.ws.tokens_per_rank[dst] = base;
+    for (int i = threadIdx.x; i < per_rank; i += blockDim.x)
+      a.ws.tokens_per_expert[first + i] = expert_count[i];
+    __syncthreads();  // expert_count is cleared for the next rank
   }
-  if (threadIdx.x == 0) a.ws.tokens_per_rank[dst] = base;
-  for (int i = threadIdx.x; i < per_rank; i += blockDim.x)
-    a.ws.tokens_per_expert[first + i] = expert_count[i];
 }
 
 }  // namespace epcomm::cuda::device

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "epcomm/normal/count_matrix.hpp"
 #include "epcomm/normal/cuda/launch.hpp"
 #include "epcomm/normal/cuda/sync.cuh"
 #include "epcomm/normal/route.hpp"
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(notify_threads)
       for (int e = 0; e < per_rank; ++e) {
         int n = 0;
         for (int s = 0; s < world; ++s) n += notify_counts_at(region, slot_bytes, s)[world + e];
-        a.ws.recv_per_expert[e] = n;
+        a.ws.recv_per_expert[e] = aligned_expert_count(n, a.expert_alignment);
       }
     } else {
       report_verdict(rep, verdict);
