@@ -4,6 +4,7 @@
 //   epcomm_env_rank <scenario> <rendezvous timeout ms> [rank]
 //
 // connect             rendezvous only.
+// late <ms>           rendezvous only, after sleeping <ms> (so that others reach rank 0 first).
 // gather              all_gather of 0 B, 1 B, 4 KiB and 1 MiB, 20 times, checking the order;
 //                     then a barrier that must wait for the last rank, which enters it late.
 // exit <rank>         after a barrier, <rank> exits abruptly; the others all_gather.
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1];
   const int arg = argc > 3 ? std::atoi(argv[3]) : -1;
   try {
+    if (scenario == "late") std::this_thread::sleep_for(std::chrono::milliseconds(arg));
     begin_step();
     epcomm::env_bootstrap b =
         epcomm::env_bootstrap::from_environment(std::chrono::milliseconds(std::atoi(argv[2])));
@@ -121,7 +123,7 @@ int main(int argc, char** argv) {
       exit_early(b, arg);
     } else if (scenario == "mismatch") {
       mismatch(b, arg);
-    } else if (scenario != "connect") {
+    } else if (scenario != "connect" && scenario != "late") {
       throw std::runtime_error("unknown scenario " + scenario);
     }
     std::printf("ok\n");

@@ -30,8 +30,9 @@ using vars = std::map<std::string, std::string>;
 
 // Children see these only as each case sets them, whatever this process inherited.
 constexpr const char* launcher_vars[] = {
-    "RANK",        "WORLD_SIZE",  "LOCAL_RANK",       "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "EPCOMM_TIMEOUT_MS"};
+    "RANK",          "WORLD_SIZE",         "LOCAL_RANK",         "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",   "MASTER_PORT",        "EPCOMM_MASTER_PORT", "EPCOMM_TIMEOUT_MS",
+    "EPCOMM_JOB_ID", "TORCHELASTIC_RUN_ID"};
 
 // No case needs more than a few seconds; a child still running after this is hung.
 constexpr auto hard_limit = 30s;
@@ -58,32 +59,72 @@ struct report {
   }
 };
 
-// A port nobody uses right now: the kernel picks it for a socket that is closed again at once.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// A loopback TCP socket bound to `port` (0: the kernel picks one); invalid if it is taken.
+epcomm::detail::tcp::socket bound(int port) {
+  epcomm::detail::tcp::socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return {};
+  return s;
+}
+
+int port_of(const epcomm::detail::tcp::socket& s) {
+  sockaddr_in addr{};
   socklen_t len = sizeof addr;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
+  REQUIRE(::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
   return ntohs(addr.sin_port);
 }
 
-// `world` ranks on this host, as torchrun would start them, all running `args`.
+// A port p nobody uses right now, with p + 1 free too: torchrun's store would hold MASTER_PORT =
+// p, and epcomm's rendezvous defaults to p + 1.
+int free_port_pair() {
+  for (;;) {
+    const int p = port_of(bound(0));
+    if (p < 65535 && bound(p + 1).valid()) return p;
+  }
+}
+
+// `world` ranks on this host, as torchrun would start them (with its run id), all running `args`.
 std::vector<rank_spec> job(int world, const std::vector<std::string>& args,
                            const std::string& addr = "127.0.0.1") {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(free_port_pair());
   std::vector<rank_spec> ranks;
   for (int r = 0; r < world; ++r) {
     ranks.push_back({{{"RANK", std::to_string(r)},
                       {"WORLD_SIZE", std::to_string(world)},
                       {"MASTER_ADDR", addr},
-                      {"MASTER_PORT", port}},
+                      {"MASTER_PORT", port},
+                      {"TORCHELASTIC_RUN_ID", "job-a"}},
                      args});
   }
   return ranks;
+}
+
+int rendezvous_port(const rank_spec& spec) {
+  const auto explicit_port = spec.env.find("EPCOMM_MASTER_PORT");
+  return explicit_port != spec.env.end() ? std::stoi(explicit_port->second)
+                                         : std::stoi(spec.env.at("MASTER_PORT")) + 1;
+}
+
+// Connects to 127.0.0.1:port, retrying while nobody listens there yet, and sends `bytes`; the
+// connection stays open until the returned socket is destroyed.
+epcomm::detail::tcp::socket intrude(int port, const std::string& bytes) {
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    epcomm::detail::tcp::socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      if (!bytes.empty()) REQUIRE(::send(s.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL) > 0);
+      return s;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  FAIL("nobody listened on port " << port);
+  return {};
 }
 
 std::vector<char*> pointers(std::vector<std::string>& strings) {
@@ -292,12 +333,16 @@ TEST_CASE("missing or malformed variables are named in the error") {
       {{{"RANK", ""}}, "RANK is not set"},
       {{{"WORLD_SIZE", ""}}, "WORLD_SIZE is not set"},
       {{{"MASTER_ADDR", ""}}, "MASTER_ADDR is not set"},
-      {{{"MASTER_PORT", ""}}, "MASTER_PORT is not set"},
+      {{{"MASTER_PORT", ""}}, "EPCOMM_MASTER_PORT (or MASTER_PORT) is not set"},
       {{{"RANK", "one"}}, "RANK='one' is not an integer"},
       {{{"WORLD_SIZE", "2x"}}, "WORLD_SIZE='2x' is not an integer"},
       {{{"RANK", "2"}}, "RANK=2 is outside [0, WORLD_SIZE=2)"},
       {{{"WORLD_SIZE", "0"}}, "WORLD_SIZE=0 is not positive"},
-      {{{"MASTER_PORT", "70000"}}, "MASTER_PORT=70000 is not a TCP port"},
+      {{{"MASTER_PORT", "70000"}},
+       "the rendezvous port 70001 (EPCOMM_MASTER_PORT, else MASTER_PORT + 1) is not a TCP port"},
+      {{{"EPCOMM_MASTER_PORT", "0"}}, "the rendezvous port 0 (EPCOMM_MASTER_PORT"},
+      {{{"TORCHELASTIC_RUN_ID", std::string(300, 'j')}},
+       "the job id (EPCOMM_JOB_ID or TORCHELASTIC_RUN_ID) has 300 bytes, more than 256"},
       {{{"LOCAL_RANK", "0"}}, "LOCAL_RANK is set but LOCAL_WORLD_SIZE is not"},
       {{{"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}, "LOCAL_RANK=2 is outside"},
       {{{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "3"}}, "LOCAL_WORLD_SIZE=3 is outside"},
@@ -327,4 +372,94 @@ TEST_CASE("a single rank needs neither MASTER_ADDR nor MASTER_PORT") {
       run({{{{"RANK", "0"}, {"WORLD_SIZE", "1"}}, {"connect", "500"}}});
   INFO(transcript(reports));
   CHECK(reports[0].ok());
+}
+
+TEST_CASE(
+    "the rendezvous listens on MASTER_PORT + 1 beside torchrun's store, or on EPCOMM_MASTER_PORT") {
+  SUBCASE("by default, with MASTER_PORT held as torchrun's store holds it") {
+    std::vector<rank_spec> ranks = job(3, {"gather", "10000"});
+    const auto store = bound(std::stoi(ranks[0].env["MASTER_PORT"]));
+    REQUIRE(store.valid());
+    REQUIRE(::listen(store.fd(), 4) == 0);
+    const std::vector<report> reports = run(ranks);
+    INFO(transcript(reports));
+    for (const report& r : reports) CHECK(r.ok());
+  }
+  SUBCASE("EPCOMM_MASTER_PORT wins over MASTER_PORT") {
+    std::vector<rank_spec> ranks = job(2, {"connect", "10000"});
+    // Something else holds MASTER_PORT + 1: rank 0 could not listen there.
+    const auto taken = bound(std::stoi(ranks[0].env["MASTER_PORT"]) + 1);
+    REQUIRE(taken.valid());
+    REQUIRE(::listen(taken.fd(), 4) == 0);
+    const int mine = port_of(bound(0));
+    for (rank_spec& r : ranks) r.env["EPCOMM_MASTER_PORT"] = std::to_string(mine);
+    const std::vector<report> reports = run(ranks);
+    INFO(transcript(reports));
+    for (const report& r : reports) CHECK(r.ok());
+  }
+}
+
+TEST_CASE(
+    "rank 0 admits only its job: another job's process is refused, the job forms without it") {
+  std::vector<rank_spec> ranks = job(3, {"late", "10000", "400"});
+  ranks[0].args = {"connect", "10000"};
+  rank_spec intruder = ranks[1];  // RANK=1 of the same size, but of another job, and early
+  intruder.env["TORCHELASTIC_RUN_ID"] = "job-b";
+  intruder.args = {"connect", "10000"};
+  ranks.push_back(intruder);
+  const std::vector<report> reports = run(ranks);
+  INFO(transcript(reports));
+  for (int r = 0; r < 3; ++r) CHECK(reports[r].ok());
+  REQUIRE(reports[3].failed());
+  CHECK(reports[3].peer() == 0);
+  CHECK(reports[3].says("refused: rank 0 belongs to job 'job-a'"));
+  CHECK(reports[3].says("claiming RANK=1 to job 'job-b'"));
+  CHECK(reports[3].ms() < 5000);
+
+  SUBCASE("EPCOMM_JOB_ID overrides TORCHELASTIC_RUN_ID") {
+    std::vector<rank_spec> pair = job(2, {"connect", "10000"});
+    pair[0].env["EPCOMM_JOB_ID"] = "mine";
+    pair[1].env["EPCOMM_JOB_ID"] = "mine";
+    pair[1].env["TORCHELASTIC_RUN_ID"] = "other";
+    const std::vector<report> got = run(pair);
+    INFO(transcript(got));
+    for (const report& r : got) CHECK(r.ok());
+  }
+}
+
+TEST_CASE(
+    "strangers and half-open connections do not hold up the job, and are named at the deadline") {
+  SUBCASE("the job forms around them") {
+    std::vector<rank_spec> ranks = job(3, {"late", "10000", "400"});
+    ranks[0].args = {"connect", "10000"};
+    std::vector<epcomm::detail::tcp::socket> held;
+    std::thread strangers([&] {
+      const int port = rendezvous_port(ranks[0]);
+      held.push_back(intrude(port, "GET / HTTP/1.1\r\n\r\n"));  // not a hello
+      held.push_back(intrude(port, ""));                        // half-open: says nothing
+      held.push_back(intrude(port, std::string("EPB2", 4)));    // starts a hello, stops
+    });
+    const std::vector<report> reports = run(ranks);
+    strangers.join();
+    INFO(transcript(reports));
+    for (const report& r : reports) CHECK(r.ok());
+  }
+  SUBCASE("a rendezvous that times out names what rank 0 turned away") {
+    std::vector<rank_spec> ranks = job(2, {"connect", "1500"});
+    ranks.pop_back();  // rank 1 never comes
+    std::vector<epcomm::detail::tcp::socket> held;
+    std::thread strangers([&] {
+      const int port = rendezvous_port(ranks[0]);
+      held.push_back(intrude(port, "\x16\x03\x01"));  // a TLS client hello, say
+      held.push_back(intrude(port, std::string("EPB2\x02\0\0\0", 8)));
+    });
+    const std::vector<report> reports = run(ranks);
+    strangers.join();
+    INFO(transcript(reports));
+    REQUIRE(reports[0].failed());
+    CHECK(reports[0].peer() == 1);
+    CHECK(reports[0].says("1 of 2 ranks had connected; turned away: a stranger at 127.0.0.1:"));
+    CHECK(reports[0].says("(not an epcomm bootstrap hello)"));
+    CHECK(reports[0].says("sent 8 bytes of its hello"));
+  }
 }

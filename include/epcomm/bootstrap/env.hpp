@@ -1,11 +1,14 @@
 // A bootstrap configured by the variables torchrun and TorchX set: RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. The ranks rendezvous over TCP at
-// MASTER_ADDR:MASTER_PORT and every all_gather goes through rank 0. A star costs O(world_size) at
-// the root, which is fine for the few small exchanges a bootstrap makes, and it puts every failure
-// in one place, from where it is reported to all ranks at once.
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID. The ranks rendezvous over
+// TCP at rank 0 (MASTER_ADDR) and every all_gather goes through rank 0. A star costs
+// O(world_size) at the root, which is fine for the few small exchanges a bootstrap makes, and it
+// puts every failure in one place, from where it is reported to all ranks at once.
 //
-// torch.distributed's env:// initialisation also listens on MASTER_PORT at rank 0: a job that
-// uses both needs another port for one of them (construct from params).
+// The rendezvous port is EPCOMM_MASTER_PORT, by default MASTER_PORT + 1: torchrun's own store
+// listens on MASTER_PORT at rank 0. Rank 0 admits only members of its job (EPCOMM_JOB_ID, else
+// TORCHELASTIC_RUN_ID): a process of another job gets an error naming both jobs and the
+// rendezvous goes on without it; a stranger on the port, or a connection that never finishes its
+// hello, is dropped and, should the deadline pass, named in the error.
 #pragma once
 
 #include <arpa/inet.h>
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
+#include "epcomm/bootstrap/hello.hpp"
 #include "epcomm/core/deadline.hpp"
 #include "epcomm/core/error.hpp"
 
@@ -199,22 +203,7 @@ inline socket try_connect(const sockaddr_in& addr, const deadline& dl, std::stri
   return s;
 }
 
-// The wire format is little-endian whatever the host, so that mixed clusters agree.
-template <std::size_t N>
-void put_le(std::byte* at, std::uint64_t v) {
-  for (std::size_t i = 0; i < N; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
-}
-template <std::size_t N>
-std::uint64_t get_le(const std::byte* at) {
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < N; ++i) v |= std::to_integer<std::uint64_t>(at[i]) << (8 * i);
-  return v;
-}
-
-// Starts the hello and every reply, so that a stranger on the port is recognised as one.
-inline constexpr std::uint64_t magic = 0x31425045;  // "EPB1": epcomm bootstrap, version 1.
-// hello, member to rank 0: magic u32, world_size u32, rank u32.
-inline constexpr std::size_t hello_bytes = 12;
+// The hello is in bootstrap/hello.hpp; every message after it, in either direction:
 // block, member to rank 0: length u64, then the bytes.
 inline constexpr std::size_t block_header_bytes = 8;
 // reply, rank 0 to member: magic u32, status u32, peer i32, length u64, then the gathered
@@ -252,7 +241,11 @@ class env_bootstrap {
     // Where rank 0 listens: an IPv4 address or host name of its node, and a TCP port. Unused when
     // world_size is 1.
     std::string master_addr;  // MASTER_ADDR
-    int master_port = 0;      // MASTER_PORT
+    int master_port = 0;      // EPCOMM_MASTER_PORT, else MASTER_PORT + 1
+    // The job this process belongs to (EPCOMM_JOB_ID, else TORCHELASTIC_RUN_ID, which torchrun
+    // and TorchX set): rank 0 admits only members with the same one. At most
+    // detail::tcp::max_job_id_bytes; empty admits any member that is also without one.
+    std::string job_id;
     // Bounds the rendezvous in the constructor; EPCOMM_TIMEOUT_MS overrides it.
     std::chrono::milliseconds timeout = default_timeout;
   };
@@ -262,7 +255,8 @@ class env_bootstrap {
       : rank_(p.rank),
         world_size_(p.world_size),
         local_rank_(p.local_rank.value_or(p.rank)),
-        local_world_size_(p.local_world_size.value_or(p.world_size)) {
+        local_world_size_(p.local_world_size.value_or(p.world_size)),
+        job_id_(p.job_id) {
     check(p);
     if (world_size_ == 1) return;
     const deadline dl = deadline::after(effective_timeout(p.timeout));
@@ -273,21 +267,28 @@ class env_bootstrap {
     }
   }
 
-  // Reads the launcher's variables (see params; MASTER_ADDR and MASTER_PORT are required only
-  // when WORLD_SIZE > 1) and rendezvous within `timeout`. Errors about a variable name it; their
-  // rank is -1 while RANK itself is missing or malformed.
+  // Reads the launcher's variables (see params; MASTER_ADDR and a port are required only when
+  // WORLD_SIZE > 1) and rendezvous within `timeout`. Errors about a variable name it; their rank
+  // is -1 while RANK itself is missing or malformed.
   static env_bootstrap from_environment(std::chrono::milliseconds timeout = default_timeout) {
     params p;
     p.rank = required_int("RANK", -1);
     p.world_size = required_int("WORLD_SIZE", p.rank);
     p.local_rank = optional_int("LOCAL_RANK", p.rank);
     p.local_world_size = optional_int("LOCAL_WORLD_SIZE", p.rank);
-    const std::optional<int> port = optional_int("MASTER_PORT", p.rank);
+    std::optional<int> port = optional_int("EPCOMM_MASTER_PORT", p.rank);
+    if (!port)
+      if (const std::optional<int> torch = optional_int("MASTER_PORT", p.rank)) port = *torch + 1;
     const char* addr = std::getenv("MASTER_ADDR");
     if (p.world_size > 1 && addr == nullptr) missing("MASTER_ADDR", p.rank);
-    if (p.world_size > 1 && !port) missing("MASTER_PORT", p.rank);
+    if (p.world_size > 1 && !port) missing("EPCOMM_MASTER_PORT (or MASTER_PORT)", p.rank);
     p.master_addr = addr != nullptr ? addr : "";
     p.master_port = port.value_or(0);
+    for (const char* name : {"EPCOMM_JOB_ID", "TORCHELASTIC_RUN_ID"})
+      if (const char* job = std::getenv(name); job != nullptr && *job != '\0') {
+        p.job_id = job;
+        break;
+      }
     p.timeout = timeout;
     return env_bootstrap(p);
   }
@@ -366,7 +367,12 @@ class env_bootstrap {
     if (p.world_size == 1) return;
     if (p.master_addr.empty()) bad("MASTER_ADDR is empty");
     if (p.master_port < 1 || p.master_port > 65535) {
-      bad("MASTER_PORT=" + str(p.master_port) + " is not a TCP port (1-65535)");
+      bad("the rendezvous port " + str(p.master_port) +
+          " (EPCOMM_MASTER_PORT, else MASTER_PORT + 1) is not a TCP port (1-65535)");
+    }
+    if (p.job_id.size() > detail::tcp::max_job_id_bytes) {
+      bad("the job id (EPCOMM_JOB_ID or TORCHELASTIC_RUN_ID) has " + str(int(p.job_id.size())) +
+          " bytes, more than " + str(int(detail::tcp::max_job_id_bytes)));
     }
   }
 
@@ -427,12 +433,21 @@ class env_bootstrap {
     return s;
   }
 
-  // Registers the member a hello announces; false for a stranger (wrong magic), which is dropped.
-  // A hello that contradicts the job fails the rendezvous on both sides.
-  bool admit(socket s, std::span<const std::byte, detail::tcp::hello_bytes> hello) {
-    using detail::tcp::get_le;
-    if (get_le<4>(&hello[0]) != detail::tcp::magic) return false;
-    const std::uint64_t ws = get_le<4>(&hello[4]), r = get_le<4>(&hello[8]);
+  // Registers the member a hello announces; false for a process of another job, which is told
+  // why and dropped (the rendezvous goes on without it). A hello of this job that contradicts it
+  // fails the rendezvous on both sides.
+  bool admit(socket s, const detail::tcp::hello& hello, const std::string& from) {
+    const std::uint64_t ws = hello.world_size, r = hello.rank;
+    if (hello.job_id != job_id_) {
+      const std::string why = "rank 0 belongs to job '" + job_id_ + "', the process at " + from +
+                              " claiming RANK=" + std::to_string(r) + " to job '" + hello.job_id +
+                              "'";
+      const std::vector<std::byte> report = failure_report(0, "refused: " + why);
+      (void)::send(s.fd(), report.data(), report.size(), MSG_NOSIGNAL);
+      ::shutdown(s.fd(), SHUT_WR);
+      refused_.push_back(why);
+      return false;
+    }
     const bool in_range = r >= 1 && r < static_cast<std::uint64_t>(world_size_);
     std::string why;
     if (ws != static_cast<std::uint64_t>(world_size_)) {
@@ -458,9 +473,28 @@ class env_bootstrap {
   // An accepted connection until its hello is complete.
   struct newcomer {
     socket sock;
-    std::array<std::byte, detail::tcp::hello_bytes> hello{};
+    std::string from;  // address:port, for the errors
+    std::array<std::byte, detail::tcp::max_hello_bytes> hello{};
     std::size_t got = 0;
   };
+
+  // Connections still waiting for their hello's end are bounded, so that a flood of them cannot
+  // exhaust rank 0's descriptors; past this the oldest is dropped.
+  static constexpr std::size_t max_newcomers = 256;
+
+  // What rank 0 turned away, for an error at the deadline: strangers, other jobs, connections
+  // that never finished their hello.
+  std::string refusals(const std::vector<newcomer>& pending) const {
+    std::vector<std::string> all = refused_;
+    for (const newcomer& n : pending)
+      all.push_back("the connection from " + n.from + " sent " + std::to_string(n.got) +
+                    " bytes of its hello");
+    if (all.empty()) return {};
+    std::string s = "; turned away: ";
+    for (std::size_t i = 0; i < all.size() && i < 8; ++i) s += (i ? "; " : "") + all[i];
+    if (all.size() > 8) s += "; and " + std::to_string(all.size() - 8) + " more";
+    return s;
+  }
 
   void rendezvous_as_root(const params& p, const deadline& dl) {
     const socket listener = listen_on(p);
@@ -477,7 +511,8 @@ class env_bootstrap {
           while (peers_[r].valid()) ++r;
           fail_as_root(rendezvous_op, r,
                        describe(io::timed_out, r, rendezvous_op) + " (" + std::to_string(joined) +
-                           " of " + std::to_string(world_size_) + " ranks had connected)");
+                           " of " + std::to_string(world_size_) + " ranks had connected" +
+                           refusals(newcomers) + ")");
         }
         continue;
       }
@@ -485,12 +520,21 @@ class env_bootstrap {
       for (std::size_t i = newcomers.size(); i-- > 0;) {
         if (fds[i + 1].revents == 0) continue;
         newcomer& n = newcomers[i];
+        const std::size_t needed = detail::tcp::parse_hello(std::span(n.hello).first(n.got)).needed;
         const std::optional<std::size_t> got =
-            detail::tcp::recv_some(n.sock.fd(), std::span(n.hello).subspan(n.got));
+            detail::tcp::recv_some(n.sock.fd(), std::span(n.hello).subspan(n.got, needed - n.got));
         if (got) {
           n.got += *got;
-          if (n.got < n.hello.size()) continue;
-          if (admit(std::move(n.sock), n.hello)) ++joined;
+          const detail::tcp::hello_parse h =
+              detail::tcp::parse_hello(std::span(n.hello).first(n.got));
+          if (h.state == detail::tcp::hello_state::incomplete) continue;
+          if (h.state == detail::tcp::hello_state::stranger)
+            refused_.push_back("a stranger at " + n.from + " (" + h.why + ")");
+          else if (admit(std::move(n.sock), h.value, n.from))
+            ++joined;
+        } else {
+          refused_.push_back("the connection from " + n.from + " closed after " +
+                             std::to_string(n.got) + " bytes of its hello");
         }
         newcomers.erase(newcomers.begin() + static_cast<std::ptrdiff_t>(i));
       }
@@ -505,10 +549,21 @@ class env_bootstrap {
 
   void accept_all(const socket& listener, std::vector<newcomer>& newcomers) {
     for (;;) {
-      const int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_in peer{};
+      socklen_t len = sizeof peer;
+      const int fd = ::accept4(listener.fd(), reinterpret_cast<sockaddr*>(&peer), &len,
+                               SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd >= 0) {
         detail::tcp::set_nodelay(fd);
-        newcomers.push_back({socket(fd)});
+        char ip[INET_ADDRSTRLEN] = "?";
+        ::inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof ip);
+        if (newcomers.size() == max_newcomers) {
+          refused_.push_back("the connection from " + newcomers.front().from +
+                             ", dropped for newer ones before it finished its hello");
+          newcomers.erase(newcomers.begin());
+        }
+        newcomers.push_back(
+            {socket(fd), std::string(ip) + ":" + std::to_string(ntohs(peer.sin_port))});
         continue;
       }
       // A connection that failed before being accepted is the connecting side's problem.
@@ -535,10 +590,8 @@ class env_bootstrap {
       }
       std::this_thread::sleep_for(std::min<steady::duration>(retry_interval, dl.remaining()));
     }
-    std::array<std::byte, detail::tcp::hello_bytes> hello{};
-    detail::tcp::put_le<4>(&hello[0], detail::tcp::magic);
-    detail::tcp::put_le<4>(&hello[4], static_cast<std::uint64_t>(world_size_));
-    detail::tcp::put_le<4>(&hello[8], static_cast<std::uint64_t>(rank_));
+    const std::vector<std::byte> hello = detail::tcp::encode_hello(
+        {static_cast<std::uint32_t>(world_size_), static_cast<std::uint32_t>(rank_), job_id_});
     const io sent = detail::tcp::send_all(root_.fd(), hello, dl);
     if (sent != io::ok) fail(rendezvous_op, 0, describe(sent, 0, rendezvous_op));
     receive_reply(rendezvous_op, dl, 0);
@@ -650,7 +703,8 @@ class env_bootstrap {
         (status == detail::tcp::reply_ok && length != expected)) {
       fail(op, 0,
            "malformed reply from rank 0 during " + std::string(op) +
-               " (is something other than an epcomm bootstrap listening on MASTER_PORT?)");
+               " (is something other than an epcomm bootstrap listening on the rendezvous port, "
+               "EPCOMM_MASTER_PORT or MASTER_PORT + 1?)");
     }
     std::vector<std::byte> body(length);
     if (const io got = detail::tcp::recv_all(root_.fd(), body, dl); got != io::ok) {
@@ -668,7 +722,9 @@ class env_bootstrap {
   int world_size_;
   int local_rank_;
   int local_world_size_;
-  socket root_;                // Members: the connection to rank 0.
+  std::string job_id_;
+  std::vector<std::string> refused_;  // Rank 0: what it turned away during the rendezvous.
+  socket root_;                       // Members: the connection to rank 0.
   std::vector<socket> peers_;  // Rank 0: peers_[r] is the connection to rank r; peers_[0] unused.
   std::string failure_;        // The cause of the first failure; empty while usable.
 };
