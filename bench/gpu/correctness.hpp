@@ -343,6 +343,83 @@ std::string check_graph_replay(int rank, device_engine<Token, Link>& dev, host_e
   return failure;
 }
 
+// Handles that outlive later dispatches, as a layer's handle does from
+// forward to backward: three dispatches on both engines, then their combines
+// in reverse order, each equal to the host engine's. Then every slot pinned:
+// the next dispatch fails on every rank, and goes through once one handle is
+// released.
+template <class Token, class Link>
+std::string check_live_handles(int rank, device_engine<Token, Link>& dev, host_engine<Token>& host,
+                               cudaStream_t stream, int slots) {
+  using Out = combine_type_t<Token>;
+  const int world = dev.world_size();
+  const int experts = dev.capacity().num_experts;
+  struct layer {
+    test::shape s;
+    dispatch_handle host_handle;
+    cuda::device_dispatch_handle device_handle;
+    std::vector<Out> y;
+    std::vector<float> weights;
+  };
+  std::vector<layer> layers;
+  const test::routing routes[] = {test::routing::random, test::routing::uneven,
+                                  test::routing::starve_last};
+  for (int l = 0; l < 3; ++l) {
+    const test::shape s{world, 48 - 16 * l, 256, 4, experts, routes[l], 60u + l};
+    const auto mine = test::make_input<Token>(s, rank);
+    const auto hres = host.dispatch(
+        {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights});
+    const device_input<Token> din(mine, 0);
+    const auto dres = dev.dispatch(din.view(s), {}, stream);
+    if (dres.num_recv_tokens != hres.num_recv_tokens)
+      return "dispatch " + std::to_string(l) + ": received count differs from the host engine's";
+    layers.push_back({s,
+                      hres.handle,
+                      dres.handle,
+                      test::expert_rows(hres, s.hidden, rank),
+                      {hres.recv_topk_weights.begin(), hres.recv_topk_weights.end()}});
+  }
+  for (int l = 2; l >= 0; --l) {
+    const layer& L = layers[l];
+    const auto hout = host.combine({L.y, L.weights, {}, {}}, L.host_handle);
+    const device_array<Out> dy{std::span<const Out>(L.y)};
+    const device_array<float> dw{std::span<const float>(L.weights)};
+    device_array<Out> out(static_cast<std::size_t>(L.s.tokens) * L.s.hidden);
+    device_array<float> out_w(static_cast<std::size_t>(L.s.tokens) * L.s.topk);
+    dev.combine(
+        {dy.data(), static_cast<long long>(L.y.size() / L.s.hidden), dw.data(), nullptr, nullptr},
+        L.device_handle, out.data(), out_w.data(), stream);
+    if (!same_bytes<Out>(out.download(), hout.x) ||
+        !same_bytes<float>(out_w.download(), hout.topk_weights))
+      return "combine of dispatch " + std::to_string(l) +
+             " after later dispatches differs from the host engine's";
+  }
+  // Pin every slot (the three above hold three), then one more dispatch.
+  const test::shape s{world, 8, 128, 2, experts, test::routing::random, 70};
+  const auto mine = test::make_input<Token>(s, rank);
+  const device_input<Token> din(mine, 0);
+  std::vector<cuda::device_dispatch_handle> pinned;
+  for (const layer& L : layers) pinned.push_back(L.device_handle);
+  layers.clear();
+  while (static_cast<int>(pinned.size()) < slots)
+    pinned.push_back(dev.dispatch(din.view(s), {}, stream).handle);
+  try {
+    dev.dispatch(din.view(s), {}, stream);
+    return "a dispatch with every handle slot pinned went through";
+  } catch (const error& e) {
+    if (std::string(e.what()).find("handle slots (max_live_handles) are pinned") ==
+        std::string::npos)
+      return std::string("unexpected error with every slot pinned: ") + e.what();
+  }
+  pinned.erase(pinned.begin());
+  try {
+    dev.dispatch(din.view(s), {}, stream);
+  } catch (const error& e) {
+    return std::string("a dispatch after a handle was released failed: ") + e.what();
+  }
+  return {};
+}
+
 // Correctness of one token type on `world` ranks: every scenario, then bad input.
 template <class Token, class Link = nvlink_ipc::transport>
 int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
@@ -379,6 +456,12 @@ int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
     if (!e.empty())
       std::fprintf(stderr, "rank %d FAIL [%s graph replay]: %s\n", rank, dtype, e.c_str());
     failures += !e.empty();
+    if (!quick) {
+      e = check_live_handles(rank, dev, host, stream, cfg.max_live_handles);
+      if (!e.empty())
+        std::fprintf(stderr, "rank %d FAIL [%s live handles]: %s\n", rank, dtype, e.c_str());
+      failures += !e.empty();
+    }
   }
   cudaStreamDestroy(stream);
   return failures == 0 ? 0 : 1;

@@ -38,6 +38,11 @@ struct buffer_config {
   // share of the GPU communication may take (DeepEP's num_sms). 0: two per
   // SM. At least 2: dispatch runs a receiving block beside its senders.
   int max_blocks = 0;
+  // Device buffers: dispatch handles that may be alive at once. Each pins a
+  // slot holding its routing ((R + max_tokens_per_rank) * R * 4 bytes), so
+  // that its combine may come after later dispatches (a layer's handle kept
+  // from forward to backward); a dispatch while every slot is pinned fails.
+  int max_live_handles = 8;
 };
 
 template <token_type Token>

@@ -44,6 +44,7 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::mi
   checks.need(recv <= std::numeric_limits<std::int32_t>::max(), "max_recv_tokens overflows int32");
   checks.need(cfg.max_blocks == 0 || cfg.max_blocks >= 2,
               "max_blocks must be 0 (two per SM) or >= 2 (a receiving and a sending block)");
+  checks.need(cfg.max_live_handles >= 1, "max_live_handles must be >= 1");
   checks.need(!cfg.mask_lost_ranks || can_mask_lost_ranks,
               "mask_lost_ranks needs the flat host engine over a peer-mapped transport that can "
               "tell a peer's exit (shm)");

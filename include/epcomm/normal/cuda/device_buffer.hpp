@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,15 +64,18 @@ struct device_dispatch_input {
   const float* topk_weights = nullptr;     // [T][K]
 };
 
-// What combine needs from a dispatch; the routing itself stays in the
-// buffer's device workspace, so a handle is valid until the next dispatch.
+// What combine needs from a dispatch. The routing stays on the device, in a
+// slot of the buffer's workspace that the handle pins: it stays valid across
+// later dispatches until every copy of it is destroyed
+// (buffer_config::max_live_handles slots).
 struct device_dispatch_handle {
   int world_size = 0;
   int rank = 0;
   int num_tokens = 0;
   int hidden = 0;
   int topk = 0;
-  std::uint64_t sequence = 0;  // which dispatch of its buffer produced it
+  int slot = -1;                      // its routing's slot in the workspace
+  std::shared_ptr<const void> lease;  // pins the slot while any copy lives
 };
 
 // Device views into the buffer, ordered by (source rank, source token), valid
@@ -132,7 +136,7 @@ class device_buffer {
     if constexpr (!via_proxy)
       require_peer_mapped(link_.transport(), rank_, world_, "buffer",
                           "normal mode over this transport needs every rank in one NVLink domain");
-    allocate_workspace();
+    allocate_workspace(cfg.max_live_handles);
   }
 
   device_buffer(const device_buffer&) = delete;
@@ -152,10 +156,14 @@ class device_buffer {
                                          const dispatch_options& opt = {},
                                          cudaStream_t stream = nullptr) {
     calls_.ensure_usable("dispatch");
+    const int slot = free_slot();
     std::string cause = check_dispatch_shape(
         cap_, {in.num_tokens, in.hidden, in.topk, in.x != nullptr, in.x_scales != nullptr,
                in.topk_idx != nullptr, in.topk_weights != nullptr});
     if (cause.empty()) cause = check_dispatch_options(opt, cap_.max_recv_tokens);
+    if (cause.empty() && slot < 0)
+      cause = "all " + std::to_string(slots_.size()) +
+              " handle slots (max_live_handles) are pinned by live dispatch handles";
     dispatch_args a{};
     a.peers = link_.peers();
     a.route = route();
@@ -182,8 +190,8 @@ class device_buffer {
     const std::size_t row_bytes = static_cast<std::size_t>(in.hidden) * sizeof(Token);
     const bool aligned = (reinterpret_cast<std::uintptr_t>(in.x) % 16 == 0) && row_bytes % 16 == 0;
     const normal_kernels k = kernels_for("dispatch", in.hidden, aligned);
-    ++sequence_;
     calls_.launch("dispatch", k.dispatch(a, stream));
+    if (cause.empty()) keep_routing(slot, in.num_tokens, stream);
 
     device_dispatch_result<Token> res;
     const std::byte* base = link_.local_buffer();
@@ -195,7 +203,13 @@ class device_buffer {
     res.recv_src_idx = reinterpret_cast<const std::int32_t*>(base + plan_.recv_src_idx);
     res.num_recv_tokens_device = ws_.num_recv;
     res.num_recv_tokens_per_expert = ws_.recv_per_expert;
-    res.handle = {world_, rank_, in.num_tokens, in.hidden, in.topk, sequence_};
+    res.handle = {world_, rank_, in.num_tokens, in.hidden, in.topk, -1, nullptr};
+    if (cause.empty()) {
+      auto lease = std::make_shared<int>(slot);
+      slots_[slot].lease = lease;
+      res.handle.slot = slot;
+      res.handle.lease = std::move(lease);
+    }
     res.rows = opt.worst_case_recv_tokens;
     // A call the host already knows to fail reports at once, unless captured.
     if ((opt.worst_case_recv_tokens == 0 || !cause.empty()) && !calls_.capturing(stream)) {
@@ -220,15 +234,21 @@ class device_buffer {
         rank_, world_,
         {h.rank, h.world_size, h.num_tokens, h.hidden, h.topk, in.y_rows, in.y != nullptr,
          in.topk_weights != nullptr, out_x != nullptr, out_weights != nullptr});
-    if (cause.empty() && h.sequence != sequence_)
-      cause = "handle is from dispatch " + std::to_string(h.sequence) +
-              " of this buffer, whose device state holds dispatch " + std::to_string(sequence_) +
-              " (a device handle is valid until the next dispatch)";
+    const bool ours = h.slot >= 0 && h.slot < static_cast<int>(slots_.size()) && h.lease &&
+                      slots_[h.slot].lease.lock() == h.lease;
+    if (cause.empty() && !ours) cause = "handle is not from a dispatch of this buffer";
     combine_args a{};
     a.peers = link_.peers();
     a.route = route();
     a.plan = plan_;
     a.ws = ws_;
+    if (ours) {  // the routing of the dispatch this combine answers
+      const routing_slot& r = slots_[h.slot];
+      a.ws.accepted = r.flags;
+      a.ws.num_recv = r.flags + 2;
+      a.ws.count_matrix = r.count_matrix;
+      a.ws.send_pos = r.send_pos;
+    }
     a.y = in.y;
     a.y_weights = in.topk_weights;
     a.bias_0 = in.bias_0;
@@ -293,8 +313,32 @@ class device_buffer {
         [](const report& r) { return breaks_buffer(r); });
   }
 
+  // A slot no live handle pins, or -1.
+  int free_slot() const {
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].lease.expired()) return static_cast<int>(i);
+    return -1;
+  }
+
+  // Copies this dispatch's routing into `slot`, in stream order after the
+  // dispatch kernels (so graph capture records it too).
+  void keep_routing(int slot, int num_tokens, cudaStream_t stream) {
+    const routing_slot& r = slots_[slot];
+    const auto copy = [&](std::int32_t* to, const std::int32_t* from, std::size_t n,
+                          const char* what) {
+      calls_.check(
+          cudaMemcpyAsync(to, from, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream),
+          "dispatch", what);
+    };
+    const std::size_t r_count = static_cast<std::size_t>(world_);
+    copy(r.flags, ws_.accepted, 3, "cudaMemcpyAsync(handle flags)");
+    copy(r.count_matrix, ws_.count_matrix, r_count * r_count, "cudaMemcpyAsync(count matrix)");
+    copy(r.send_pos, ws_.send_pos, static_cast<std::size_t>(num_tokens) * r_count,
+         "cudaMemcpyAsync(send_pos)");
+  }
+
   // The kernels' state, in one device allocation (device_calls::allocate).
-  void allocate_workspace() {
+  void allocate_workspace(int live_handles) {
     const std::size_t r = world_;
     const std::size_t e = cap_.num_experts;
     wire::carver regions(16);
@@ -307,7 +351,20 @@ class device_buffer {
     const std::size_t epochs = regions.take(2 * sizeof(std::uint64_t));
     const std::size_t done = regions.take(2 * sizeof(std::uint32_t));
     const std::size_t accepted = regions.take(3 * sizeof(std::int32_t));  // [2] + num_recv
+    struct slot_offsets {
+      std::size_t flags, matrix, send_pos;
+    };
+    std::vector<slot_offsets> slot_at;
+    for (int i = 0; i < live_handles; ++i)
+      slot_at.push_back({regions.take(3 * sizeof(std::int32_t)),
+                         regions.take(sizeof(std::int32_t) * r * r),
+                         regions.take(sizeof(std::int32_t) * cap_.max_tokens_per_rank * r)});
     calls_.allocate(regions, 0, "buffer", [&](std::byte* w) {
+      for (const slot_offsets& o : slot_at)
+        slots_.push_back({reinterpret_cast<std::int32_t*>(w + o.flags),
+                          reinterpret_cast<std::int32_t*>(w + o.matrix),
+                          reinterpret_cast<std::int32_t*>(w + o.send_pos),
+                          {}});
       ws_.send_pos = reinterpret_cast<std::int32_t*>(w + send_pos);
       ws_.tokens_per_rank = reinterpret_cast<std::int32_t*>(w + per_rank);
       ws_.tokens_per_expert = reinterpret_cast<std::int32_t*>(w + per_expert);
@@ -334,7 +391,16 @@ class device_buffer {
   device_link<Transport> link_;
   device_calls<report> calls_;
   workspace ws_{};
-  std::uint64_t sequence_ = 0;
+  // Where each dispatch keeps what its combine reads, so that its handle
+  // outlives later dispatches: the notify phase's flags ([2] accepted +
+  // num_recv, as in the workspace), the count matrix and send_pos.
+  struct routing_slot {
+    std::int32_t* flags = nullptr;
+    std::int32_t* count_matrix = nullptr;
+    std::int32_t* send_pos = nullptr;
+    std::weak_ptr<const void> lease;  // expired: free
+  };
+  std::vector<routing_slot> slots_;
 };
 
 }  // namespace epcomm::cuda
