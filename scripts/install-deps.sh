@@ -6,7 +6,8 @@ set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config doctest-dev librange-v3-dev
           libfabric-dev libucx-dev libopenmpi-dev openmpi-bin
           clang libclang-rt-14-dev
-          pybind11-dev libdlpack-dev python3-dev python3-torch python3-pytest)
+          pybind11-dev libdlpack-dev python3-dev python3-torch python3-pytest
+          python3-yaml)
 
 sudo_cmd=()
 if [[ $(id -u) -ne 0 ]]; then

@@ -1,9 +1,13 @@
-// One MoE layer on N local ranks over shared memory: route, dispatch, apply
-// the local experts, combine, and compare every token with a single-process
-// reference. Exits non-zero with the first mismatching token.
+// One MoE layer: route, dispatch, apply the local experts, combine, and
+// compare every token with a single-process reference. Exits non-zero with the
+// first mismatching token. By default N local ranks over shared memory; with
+// --launcher env this process is one rank of a job that torchrun / TorchX
+// started (RANK, WORLD_SIZE, MASTER_ADDR, ...; epcomm/bootstrap/env.hpp), and
+// the ranks talk over libfabric (FI_PROVIDER: efa on AWS, tcp on loopback).
 //
 //   moe_layer --ranks 4 --tokens 512 --hidden 1024 --experts 16 --topk 4 --dtype bf16
 //   moe_layer --mode low-latency --tokens 128 --dtype fp8   (bf16 in, fp8 on the wire)
+//   torchrun --nnodes 2 --nproc-per-node 8 ... --no-python moe_layer --launcher env
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +23,10 @@
 #include "epcomm/core/fp8_scaling.hpp"
 #include "epcomm/epcomm.hpp"
 #include "epcomm/shm/transport.hpp"
+#if EPCOMM_EXAMPLE_LIBFABRIC
+#include "epcomm/bootstrap/env.hpp"
+#include "epcomm/libfabric/transport.hpp"
+#endif
 
 namespace {
 
@@ -32,13 +40,14 @@ struct options {
   std::string mode = "normal";  // or "low-latency"
   std::uint64_t seed = 1;
   bool inject_routing_bug = false;  // proves the check can fail
+  std::string launcher = "local";   // or "env": one rank of a torchrun / TorchX job
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "moe_layer: %s\nusage: moe_layer [--ranks N] [--tokens T] [--hidden H] "
                "[--experts E] [--topk K] [--dtype bf16|fp8|fp32] [--seed S] "
-               "[--mode normal|low-latency] [--inject-routing-bug]\n",
+               "[--mode normal|low-latency] [--launcher local|env] [--inject-routing-bug]\n",
                why);
   std::exit(2);
 }
@@ -74,6 +83,8 @@ options parse(int argc, char** argv) {
       o.seed = static_cast<std::uint64_t>(number());
     else if (a == "--mode")
       o.mode = value();
+    else if (a == "--launcher")
+      o.launcher = value();
     else if (a == "--inject-routing-bug")
       o.inject_routing_bug = true;
     else
@@ -84,6 +95,10 @@ options parse(int argc, char** argv) {
   if (o.dtype != "bf16" && o.dtype != "fp8" && o.dtype != "fp32")
     usage("dtype must be bf16, fp8 or fp32");
   if (o.mode != "normal" && o.mode != "low-latency") usage("mode must be normal or low-latency");
+  if (o.launcher != "local" && o.launcher != "env") usage("launcher must be local or env");
+#if !EPCOMM_EXAMPLE_LIBFABRIC
+  if (o.launcher == "env") usage("--launcher env needs libfabric, which this build did not find");
+#endif
   if (o.mode == "low-latency" && o.dtype == "fp32")
     usage("low-latency mode takes bf16 tokens and sends bf16 or fp8: dtype must be bf16 or fp8");
   return o;
@@ -171,7 +186,8 @@ int count_mismatches(const options& o, int rank, const experts& ex,
 }
 
 // Gathers every rank's numbers; rank 0 prints them.
-void report(epcomm::local_bootstrap& boot, const options& o, const rank_stats& mine) {
+template <class Boot>
+void report(Boot& boot, const options& o, const rank_stats& mine) {
   using namespace epcomm;
   const auto bytes =
       boot.all_gather(std::as_bytes(std::span(&mine, 1)), deadline::after(default_timeout));
@@ -189,8 +205,8 @@ void report(epcomm::local_bootstrap& boot, const options& o, const rank_stats& m
   }
 }
 
-template <epcomm::token_type Token>
-int run_rank(epcomm::local_bootstrap& boot, const options& o) {
+template <class Transport, epcomm::token_type Token, class Boot>
+int run_rank(Boot& boot, const options& o) {
   using namespace epcomm;
   using out_t = combine_type_t<Token>;
   constexpr bool fp8 = token_traits<Token>::has_scales;
@@ -224,7 +240,7 @@ int run_rank(epcomm::local_bootstrap& boot, const options& o) {
   cfg.max_hidden = h;
   cfg.max_topk = o.topk;
   cfg.max_tokens_per_rank = o.tokens;
-  buffer<shm::transport, Token> buf(boot, cfg);
+  buffer<Transport, Token> buf(boot, cfg);
 
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = buf.dispatch({o.tokens, h, o.topk, x, scales, idx, w});
@@ -278,8 +294,8 @@ int run_rank(epcomm::local_bootstrap& boot, const options& o) {
 // Low-latency mode: bf16 tokens in, Wire (bf16, or fp8 with scales) on the
 // wire. Each (token, top-k slot) is one row of its expert; the expert answers
 // unweighted and the source applies the weights while reducing.
-template <class Wire>
-int run_low_latency_rank(epcomm::local_bootstrap& boot, const options& o) {
+template <class Transport, class Wire, class Boot>
+int run_low_latency_rank(Boot& boot, const options& o) {
   using namespace epcomm;
   constexpr bool fp8 = token_traits<Wire>::has_scales;
   const int rank = boot.rank();
@@ -297,7 +313,7 @@ int run_low_latency_rank(epcomm::local_bootstrap& boot, const options& o) {
   cfg.hidden = h;
   cfg.max_topk = o.topk;
   cfg.max_tokens_per_rank = std::max(o.tokens, 1);
-  low_latency_buffer<shm::transport, Wire> buf(boot, cfg);
+  low_latency_buffer<Transport, Wire> buf(boot, cfg);
 
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = buf.low_latency_dispatch({o.tokens, o.topk, x, idx});
@@ -353,17 +369,45 @@ int run_low_latency_rank(epcomm::local_bootstrap& boot, const options& o) {
   return mismatches == 0 ? 0 : 1;
 }
 
+// This rank's part of the layer in the mode and dtype asked for.
+template <class Transport, class Boot>
+int run_any(Boot& boot, const options& o) {
+  if (o.mode == "low-latency")
+    return o.dtype == "fp8" ? run_low_latency_rank<Transport, epcomm::fp8_e4m3>(boot, o)
+                            : run_low_latency_rank<Transport, epcomm::bf16>(boot, o);
+  if (o.dtype == "fp8") return run_rank<Transport, epcomm::fp8_e4m3>(boot, o);
+  if (o.dtype == "fp32") return run_rank<Transport, float>(boot, o);
+  return run_rank<Transport, epcomm::bf16>(boot, o);
+}
+
+#if EPCOMM_EXAMPLE_LIBFABRIC
+// One rank of a launcher's job over libfabric; rank 0 prints the table. The
+// launcher (torchrun) fails the job when any rank exits non-zero.
+int run_as_launched(options o) {
+  try {
+    auto boot = epcomm::env_bootstrap::from_environment();
+    o.ranks = boot.world_size();
+    if (o.experts % o.ranks != 0) usage("experts must be a multiple of WORLD_SIZE");
+    const int code = run_any<epcomm::libfabric::transport>(boot, o);
+    if (code == 0 && boot.rank() == 0)
+      std::printf("moe_layer: every token of rank 0 matches the reference\n");
+    return code;
+  } catch (const epcomm::error& e) {
+    std::fprintf(stderr, "moe_layer: %s\n", e.what());
+    return 1;
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
+#if EPCOMM_EXAMPLE_LIBFABRIC
+  if (o.launcher == "env") return run_as_launched(o);
+#endif
   const auto codes = epcomm::launch_local(o.ranks, [&](epcomm::local_bootstrap& boot) {
-    if (o.mode == "low-latency")
-      return o.dtype == "fp8" ? run_low_latency_rank<epcomm::fp8_e4m3>(boot, o)
-                              : run_low_latency_rank<epcomm::bf16>(boot, o);
-    if (o.dtype == "fp8") return run_rank<epcomm::fp8_e4m3>(boot, o);
-    if (o.dtype == "fp32") return run_rank<float>(boot, o);
-    return run_rank<epcomm::bf16>(boot, o);
+    return run_any<epcomm::shm::transport>(boot, o);
   });
   int failed = 0;
   for (std::size_t r = 0; r < codes.size(); ++r)
