@@ -110,13 +110,13 @@ void bind_normal_buffer(py::module_& m, const char* name) {
            }),
            py::arg("bootstrap"), py::arg("num_experts"), py::arg("max_hidden"), py::arg("max_topk"),
            py::arg("max_tokens_per_rank"), py::arg("timeout"), py::arg("mask_lost_ranks"))
-      .def("dispatch",
-           [](py::object self, const py::object& x, const py::object& x_scales,
-              const py::object& topk_idx, const py::object& topk_weights, int worst,
-              int alignment) {
-             return self.cast<B&>().dispatch(self, x, x_scales, topk_idx, topk_weights, worst,
-                                             alignment);
-           })
+      .def(
+          "dispatch",
+          [](py::object self, const py::object& x, const py::object& x_scales,
+             const py::object& topk_idx, const py::object& topk_weights, int worst, int alignment) {
+            return self.cast<B&>().dispatch(self, x, x_scales, topk_idx, topk_weights, worst,
+                                            alignment);
+          })
       .def("combine_send_buffer",
            [](py::object self, const dispatch_handle& h) {
              return self.cast<B&>().combine_send_buffer(self, h);

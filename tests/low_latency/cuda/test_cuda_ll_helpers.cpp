@@ -15,14 +15,14 @@
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
+#include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/low_latency/buffer.hpp"
 #include "epcomm/low_latency/cuda/arith.hpp"
 #include "epcomm/low_latency/cuda/checks.hpp"
 #include "epcomm/low_latency/cuda/launch.hpp"
 #include "epcomm/low_latency/cuda/registry.hpp"
 #include "epcomm/low_latency/report.hpp"
 #include "epcomm/low_latency/verdict.hpp"
-#include "epcomm/core/fp8_scaling.hpp"
-#include "epcomm/low_latency/buffer.hpp"
 #include "epcomm/shm/transport.hpp"
 #include "support/ll_reference.hpp"
 

@@ -79,8 +79,8 @@ int launch_ll_combine_send(const ll_args& a, stream_t stream) {
 template <int Hidden>
 int launch_ll_combine_recv(const ll_args& a, stream_t stream) {
   const std::size_t shared = (sizeof(std::byte*) + sizeof(float)) * a.shape.max_topk;
-  EPCOMM_KERNEL_LAUNCH(ll_combine_recv_blocks(a.num_tokens, a.max_blocks), ll_threads, shared, stream,
-                       device::ll_combine_recv_kernel<Hidden>)
+  EPCOMM_KERNEL_LAUNCH(ll_combine_recv_blocks(a.num_tokens, a.max_blocks), ll_threads, shared,
+                       stream, device::ll_combine_recv_kernel<Hidden>)
   (a);
   return static_cast<int>(cudaGetLastError());
 }
