@@ -74,8 +74,9 @@ struct device_dispatch_handle {
   int num_tokens = 0;
   int hidden = 0;
   int topk = 0;
-  int slot = -1;                      // its routing's slot in the workspace
-  std::shared_ptr<const void> lease;  // pins the slot while any copy lives
+  // The workspace slot holding its routing (its index); pins the slot while
+  // any copy of the handle lives. Null for a dispatch the host rejected.
+  std::shared_ptr<const int> slot;
 };
 
 // Device views into the buffer, ordered by (source rank, source token), valid
@@ -168,7 +169,7 @@ class device_buffer {
     a.peers = link_.peers();
     a.route = route();
     a.plan = plan_;
-    a.ws = ws_;
+    a.ws = routed(cause.empty() ? slot : -1);  // the kernels write its routing there
     a.x = in.x;
     a.x_scales = in.x_scales;
     a.topk_idx = in.topk_idx;
@@ -191,7 +192,6 @@ class device_buffer {
     const bool aligned = (reinterpret_cast<std::uintptr_t>(in.x) % 16 == 0) && row_bytes % 16 == 0;
     const normal_kernels k = kernels_for("dispatch", in.hidden, aligned);
     calls_.launch("dispatch", k.dispatch(a, stream));
-    if (cause.empty()) keep_routing(slot, in.num_tokens, stream);
 
     device_dispatch_result<Token> res;
     const std::byte* base = link_.local_buffer();
@@ -201,14 +201,12 @@ class device_buffer {
     res.recv_topk_idx = reinterpret_cast<const std::int64_t*>(base + plan_.recv_topk_idx);
     res.recv_topk_weights = reinterpret_cast<const float*>(base + plan_.recv_weights);
     res.recv_src_idx = reinterpret_cast<const std::int32_t*>(base + plan_.recv_src_idx);
-    res.num_recv_tokens_device = ws_.num_recv;
+    res.num_recv_tokens_device = a.ws.num_recv;
     res.num_recv_tokens_per_expert = ws_.recv_per_expert;
-    res.handle = {world_, rank_, in.num_tokens, in.hidden, in.topk, -1, nullptr};
+    res.handle = {world_, rank_, in.num_tokens, in.hidden, in.topk, nullptr};
     if (cause.empty()) {
-      auto lease = std::make_shared<int>(slot);
-      slots_[slot].lease = lease;
-      res.handle.slot = slot;
-      res.handle.lease = std::move(lease);
+      res.handle.slot = std::make_shared<const int>(slot);
+      slots_[slot].lease = res.handle.slot;
     }
     res.rows = opt.worst_case_recv_tokens;
     // A call the host already knows to fail reports at once, unless captured.
@@ -234,21 +232,14 @@ class device_buffer {
         rank_, world_,
         {h.rank, h.world_size, h.num_tokens, h.hidden, h.topk, in.y_rows, in.y != nullptr,
          in.topk_weights != nullptr, out_x != nullptr, out_weights != nullptr});
-    const bool ours = h.slot >= 0 && h.slot < static_cast<int>(slots_.size()) && h.lease &&
-                      slots_[h.slot].lease.lock() == h.lease;
+    const bool ours = h.slot && *h.slot >= 0 && *h.slot < static_cast<int>(slots_.size()) &&
+                      slots_[*h.slot].lease.lock() == h.slot;
     if (cause.empty() && !ours) cause = "handle is not from a dispatch of this buffer";
     combine_args a{};
     a.peers = link_.peers();
     a.route = route();
     a.plan = plan_;
-    a.ws = ws_;
-    if (ours) {  // the routing of the dispatch this combine answers
-      const routing_slot& r = slots_[h.slot];
-      a.ws.accepted = r.flags;
-      a.ws.num_recv = r.flags + 2;
-      a.ws.count_matrix = r.count_matrix;
-      a.ws.send_pos = r.send_pos;
-    }
+    a.ws = routed(ours ? *h.slot : -1);  // the routing of the dispatch this combine answers
     a.y = in.y;
     a.y_weights = in.topk_weights;
     a.bias_0 = in.bias_0;
@@ -320,21 +311,20 @@ class device_buffer {
     return -1;
   }
 
-  // Copies this dispatch's routing into `slot`, in stream order after the
-  // dispatch kernels (so graph capture records it too).
-  void keep_routing(int slot, int num_tokens, cudaStream_t stream) {
+  // The workspace as the calls of the dispatch in `slot` see it: its routing
+  // (notify flags, count matrix, send_pos) lives in the slot, where its
+  // kernels write it and its combine reads it, so that its handle outlives
+  // later dispatches. -1: a call rejected on the host, which uses the
+  // workspace's own arrays.
+  workspace routed(int slot) const {
+    workspace w = ws_;
+    if (slot < 0) return w;
     const routing_slot& r = slots_[slot];
-    const auto copy = [&](std::int32_t* to, const std::int32_t* from, std::size_t n,
-                          const char* what) {
-      calls_.check(
-          cudaMemcpyAsync(to, from, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream),
-          "dispatch", what);
-    };
-    const std::size_t r_count = static_cast<std::size_t>(world_);
-    copy(r.flags, ws_.accepted, 3, "cudaMemcpyAsync(handle flags)");
-    copy(r.count_matrix, ws_.count_matrix, r_count * r_count, "cudaMemcpyAsync(count matrix)");
-    copy(r.send_pos, ws_.send_pos, static_cast<std::size_t>(num_tokens) * r_count,
-         "cudaMemcpyAsync(send_pos)");
+    w.accepted = r.flags;
+    w.num_recv = r.flags + 2;
+    w.count_matrix = r.count_matrix;
+    w.send_pos = r.send_pos;
+    return w;
   }
 
   // The kernels' state, in one device allocation (device_calls::allocate).
@@ -391,14 +381,14 @@ class device_buffer {
   device_link<Transport> link_;
   device_calls<report> calls_;
   workspace ws_{};
-  // Where each dispatch keeps what its combine reads, so that its handle
-  // outlives later dispatches: the notify phase's flags ([2] accepted +
-  // num_recv, as in the workspace), the count matrix and send_pos.
+  // Where each dispatch keeps what its combine reads (see routed): the notify
+  // flags ([2] accepted + num_recv, as in the workspace), the count matrix
+  // and send_pos.
   struct routing_slot {
     std::int32_t* flags = nullptr;
     std::int32_t* count_matrix = nullptr;
     std::int32_t* send_pos = nullptr;
-    std::weak_ptr<const void> lease;  // expired: free
+    std::weak_ptr<const int> lease;  // expired: free
   };
   std::vector<routing_slot> slots_;
 };
