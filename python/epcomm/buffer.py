@@ -72,8 +72,9 @@ class Config:
 class _NormalHandle:
     """What combine and a cached dispatch need of one dispatch."""
 
-    def __init__(self, engine, cpp, topk_idx, topk_weights, recv_src_idx):
+    def __init__(self, engine, num_experts, cpp, topk_idx, topk_weights, recv_src_idx):
         self.engine = engine
+        self.num_experts = num_experts
         self.cpp = cpp
         self.topk_idx = topk_idx
         self.topk_weights = topk_weights
@@ -220,20 +221,27 @@ class Buffer:
                  previous_event=None, async_finish=False, allocate_on_comm_stream=False):
         """(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
         handle, EventOverlap); recv_x is (tensor, scales) for fp8 input. With
-        `handle` (a cached dispatch) the routing of that dispatch is reused and
-        only recv_x is returned, the rest None. Without topk_idx tokens go where
-        is_token_in_rank says, and the top-k results are None."""
+        `handle` (a cached dispatch) the rows go along that dispatch's routing,
+        with no layout or count exchange, and only recv_x is returned, the rest
+        None. Without topk_idx tokens go where is_token_in_rank says, and the
+        top-k results are None."""
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         self._host_only("dispatch", x)
-        cached = handle is not None
-        if cached:
+        if handle is not None:
             if not isinstance(handle, _NormalHandle):
                 raise error(self.rank, "dispatch", "invalid input: handle is not a dispatch handle "
                             "of an epcomm Buffer")
-            topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
-        engine, num_experts = self._normal_engine(x, x_scales, topk_idx, num_tokens_per_expert)
+            engine, _ = self._normal_engine(x, x_scales, handle.topk_idx, handle.num_experts)
+            _, rx, rs = engine.dispatch_cached(_dl(x), _dl(x_scales), handle.cpp)
+            recv_x = from_dlpack(rx).clone()
+            if rs is not None:
+                recv_x = (recv_x, from_dlpack(rs).clone())
+            return recv_x, None, None, None, None, EventOverlap()
+        engine, num_experts = self._normal_engine(
+            x, x_scales, topk_idx,
+            None if num_tokens_per_expert is None else num_tokens_per_expert.numel())
         with_topk = topk_idx is not None
-        if not cached and not with_topk:
+        if not with_topk:
             if is_token_in_rank is None:
                 raise error(self.rank, "dispatch", "invalid input: neither topk_idx nor "
                             "is_token_in_rank says where the tokens go")
@@ -245,10 +253,8 @@ class Buffer:
         recv_x = from_dlpack(rx).clone()
         if rs is not None:
             recv_x = (recv_x, from_dlpack(rs).clone())
-        if cached:
-            return recv_x, None, None, None, None, EventOverlap()
         recv_src_idx = from_dlpack(rsrc).clone()
-        new_handle = _NormalHandle(engine, cpp, topk_idx, topk_weights, recv_src_idx)
+        new_handle = _NormalHandle(engine, num_experts, cpp, topk_idx, topk_weights, recv_src_idx)
         if not with_topk:
             return recv_x, None, None, self._expert_counts(num_tokens_per_expert, num_experts,
                                                            expert_alignment, num_worst_tokens), \
@@ -450,7 +456,9 @@ class Buffer:
                               "the Python package drives the host engine only so far; "
                               "CUDA tensors need the CUDA buffers' binding")
 
-    def _normal_engine(self, x, x_scales, topk_idx, num_tokens_per_expert):
+    def _normal_engine(self, x, x_scales, topk_idx, num_experts):
+        """The engine for x's token type, built on first use; `num_experts`
+        (None if unknown) sizes it when the Buffer was not told."""
         if x_scales is not None:
             kind, cls = "fp8", _epcomm.NormalBuffer_fp8
             if x.dtype != torch.uint8 or x_scales.dtype != torch.float32:
@@ -467,10 +475,10 @@ class Buffer:
             return self._normal[kind]
         sizes = dict(self._sizes)
         if sizes["num_experts"] is None:
-            if num_tokens_per_expert is None:
+            if num_experts is None:
                 raise error(self.rank, "dispatch", "invalid input: the first dispatch needs "
                             "num_tokens_per_expert (or Buffer(num_experts=...))")
-            sizes["num_experts"] = num_tokens_per_expert.numel()
+            sizes["num_experts"] = num_experts
         sizes["hidden"] = sizes["hidden"] or x.size(1)
         # DeepEP has no top-k bound and later calls may route wider than the
         # first: 16 slots unless told (MoE models route to 8 or fewer), and at

@@ -65,6 +65,26 @@ class normal_buffer {
                           res.num_recv_tokens_per_expert, std::move(res.handle));
   }
 
+  // (num_recv_tokens, recv_x, recv_x_scales or None): new rows along the
+  // routing of the dispatch that returned `h`, no counts exchanged.
+  py::tuple dispatch_cached(py::object self, const py::object& x, const py::object& x_scales,
+                            const dispatch_handle& h) {
+    const call_site at{engine_->rank(), "dispatch"};
+    const auto xs = read_tensor<const Token>(x, "x", at);
+    const auto scales = read_tensor<const float>(x_scales, "x_scales", at);
+    dispatch_result<Token> res;
+    {
+      py::gil_scoped_release free;
+      res = engine_->dispatch(cached_dispatch_input<Token>{xs.data, scales.data}, h);
+    }
+    const std::int64_t rows = res.num_recv_tokens;
+    py::object recv_scales = py::none();
+    if (!res.recv_x_scales.empty() || !scales.data.empty())
+      recv_scales = export_view(res.recv_x_scales, {rows, h.hidden / 128}, self);
+    return py::make_tuple(res.num_recv_tokens, export_view(res.recv_x, {rows, h.hidden}, self),
+                          recv_scales);
+  }
+
   py::capsule combine_send_buffer(py::object self, const dispatch_handle& h) {
     return export_view(std::span<const combine_t>(engine_->combine_send_buffer(h)),
                        {h.num_recv_tokens, h.hidden}, self);
@@ -117,6 +137,11 @@ void bind_normal_buffer(py::module_& m, const char* name) {
             return self.cast<B&>().dispatch(self, x, x_scales, topk_idx, topk_weights, worst,
                                             alignment);
           })
+      .def("dispatch_cached",
+           [](py::object self, const py::object& x, const py::object& x_scales,
+              const dispatch_handle& h) {
+             return self.cast<B&>().dispatch_cached(self, x, x_scales, h);
+           })
       .def("combine_send_buffer",
            [](py::object self, const dispatch_handle& h) {
              return self.cast<B&>().combine_send_buffer(self, h);

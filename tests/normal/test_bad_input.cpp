@@ -173,6 +173,59 @@ TEST_CASE("bad combine input on one rank fails every rank") {
   CHECK(all_zero(codes));
 }
 
+TEST_CASE("a dispatch from a cached handle: a mismatched or foreign handle, short x, every rank") {
+  // Each case spoils one rank's call; every rank must throw the same verdict
+  // (naming that rank) and the buffer must then serve a good cached dispatch.
+  const shape kept{3, 16, 128, 2, 6, routing::random, 9};
+  const shape other{3, 16, 128, 2, 6, routing::one_expert, 10};
+  using spoil = std::function<void(int rank, std::span<const bf16>& x, dispatch_handle& h,
+                                   const dispatch_handle& other)>;
+  const std::pair<spoil, const char*> cases[] = {
+      {[](int rank, auto&, dispatch_handle& h, const dispatch_handle& o) {
+         if (rank == 1) h = o;
+       },
+       "the cached handle's routing (count-matrix fingerprint)"},
+      {[](int rank, auto&, dispatch_handle& h, const dispatch_handle&) {
+         if (rank == 2) h.rank = 0;
+       },
+       "handle belongs to rank 0 of a world of 3"},
+      {[](int rank, std::span<const bf16>& x, dispatch_handle&, const dispatch_handle&) {
+         if (rank == 0) x = x.first(x.size() - 1);
+       },
+       "x holds 2047 elements, expected T*H = 2048"},
+  };
+  const int culprit[] = {1, 2, 0};
+  for (int c = 0; c < 3; ++c) {
+    const auto codes = launch_local(kept.world, [&](local_bootstrap& boot) {
+      const int rank = boot.rank();
+      buffer<shm::transport, bf16> buf(boot, {6, 128, 2, 16, 0, std::chrono::milliseconds(5'000)});
+      const auto a = test::make_input<bf16>(kept, rank);
+      const auto b = test::make_input<bf16>(other, rank);
+      const dispatch_handle ha =
+          buf.dispatch({kept.tokens, kept.hidden, kept.topk, a.x, {}, a.topk_idx, a.topk_weights})
+              .handle;
+      const dispatch_handle hb =
+          buf.dispatch(
+                 {other.tokens, other.hidden, other.topk, b.x, {}, b.topk_idx, b.topk_weights})
+              .handle;
+      std::span<const bf16> x = b.x;
+      dispatch_handle h = ha;
+      cases[c].first(rank, x, h, hb);
+      try {
+        buf.dispatch(cached_dispatch_input<bf16>{x, {}}, h);
+        return test::fail_rank(rank, "spoiled cached dispatch accepted");
+      } catch (const error& e) {
+        if (std::string(e.what()).find(cases[c].second) == std::string::npos ||
+            (rank != culprit[c] && e.peer() != culprit[c]))
+          return test::fail_rank(rank, e.what());
+      }
+      const auto res = buf.dispatch(cached_dispatch_input<bf16>{b.x, {}}, ha);
+      return res.num_recv_tokens == ha.num_recv_tokens ? 0 : test::fail_rank(rank, "after");
+    });
+    CHECK(all_zero(codes));
+  }
+}
+
 TEST_CASE("a peer that exits makes the survivors fail fast, not at the deadline") {
   const shape s{3, 16, 128, 2, 6, routing::random, 7};
   const auto start = steady::now();

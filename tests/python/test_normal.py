@@ -113,6 +113,12 @@ def _options(rank, world):
     assert all(v is None for v in cached[1:5])
     want_x = ref.dispatch(rank, world, EXPERTS, other, idxs, ws)[0]
     assert torch.equal(cached[0], want_x)
+    # Rows of another token type along the same routing (fp32 gradients
+    # along a bf16 forward's): the Buffer's first fp32 call.
+    other32 = [ref.values(950 + s, x.size(0), HIDDEN, torch.float32) for s, x in enumerate(xs)]
+    cached32 = buf.dispatch(other32[rank], handle=handle)
+    assert cached32[0].dtype == torch.float32
+    assert torch.equal(cached32[0], ref.dispatch(rank, world, EXPERTS, other32, idxs, ws)[0])
     # combine with both biases, from the buffer's own send area (no copy).
     y = buf.get_combine_buffer(handle)
     y.copy_(recv_x)

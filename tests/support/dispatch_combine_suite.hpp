@@ -9,7 +9,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <string>
 
 #include "support/run_case.hpp"
@@ -157,6 +161,73 @@ TEST_CASE_TEMPLATE_DEFINE("a handle stays valid across later dispatches, combine
   CHECK(test::all_ok(codes, "handles across dispatches"));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a dispatch from a cached handle, after another routing's dispatch", T,
+                          dc_cached_dispatch) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  // DeepEP's dispatch(handle=): a backward pass sends new rows (here fp8,
+  // with scales) along a routing kept from an earlier dispatch, while another
+  // dispatch came in between. Each row must land where the handle's routing
+  // put its token, and a combine of the handle must then sum them back.
+  const auto codes = launch_local(3, [](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    buffer_config cfg;
+    cfg.num_experts = 12;
+    cfg.max_hidden = 256;
+    cfg.max_topk = 4;
+    cfg.max_tokens_per_rank = 40;
+    buffer<T, fp8_e4m3> buf(boot, cfg);
+    const test::shape kept{3, 37, 256, 4, 12, test::routing::random, 5u};
+    const test::shape between{3, 40, 256, 4, 12, test::routing::uneven, 6u};
+    const test::shape fresh{3, 37, 256, 4, 12, test::routing::random, 7u};  // its x only
+    const auto a = test::make_input<fp8_e4m3>(kept, rank);
+    const auto first = buf.dispatch(
+        {kept.tokens, kept.hidden, kept.topk, a.x, a.scales, a.topk_idx, a.topk_weights});
+    const dispatch_handle h = first.handle;
+    const std::vector<std::int32_t> src(first.recv_src_idx.begin(), first.recv_src_idx.end());
+    const auto b = test::make_input<fp8_e4m3>(between, rank);
+    buf.dispatch(
+        {between.tokens, between.hidden, between.topk, b.x, b.scales, b.topk_idx, b.topk_weights});
+
+    std::vector<test::rank_input<fp8_e4m3>> all;
+    for (int r = 0; r < 3; ++r) all.push_back(test::make_input<fp8_e4m3>(fresh, r));
+    const auto res =
+        buf.dispatch(cached_dispatch_input<fp8_e4m3>{all[rank].x, all[rank].scales}, h);
+    const std::size_t hidden = kept.hidden, nscales = hidden / fp8_block;
+    if (res.num_recv_tokens != h.num_recv_tokens || !res.recv_topk_idx.empty() ||
+        !res.num_recv_tokens_per_expert.empty() ||
+        !std::equal(src.begin(), src.end(), res.recv_src_idx.begin(), res.recv_src_idx.end()))
+      return test::fail_rank(rank, "cached dispatch: counts, source indices or extras differ");
+    for (int s = 0; s < 3; ++s) {
+      for (int i = 0; i < h.sent(s, rank); ++i) {
+        const std::size_t row = h.recv_offset(s, rank) + i, t = src[row];
+        if (std::memcmp(&res.recv_x[row * hidden], &all[s].x[t * hidden], hidden) != 0 ||
+            std::memcmp(&res.recv_x_scales[row * nscales], &all[s].scales[t * nscales],
+                        nscales * sizeof(float)) != 0)
+          return test::fail_rank(rank, "row " + std::to_string(row) + " is not token " +
+                                           std::to_string(t) + " of rank " + std::to_string(s));
+      }
+    }
+    // Each received row returned as is: a token comes back once per rank it reached.
+    std::vector<bf16> y(static_cast<std::size_t>(res.num_recv_tokens) * hidden);
+    for (std::size_t i = 0; i < y.size(); ++i)
+      y[i] = from_float<bf16>(to_float(res.recv_x[i]) * res.recv_x_scales[i / fp8_block]);
+    const auto out = buf.combine({y, std::nullopt, {}, {}}, h);
+    for (int t = 0; t < kept.tokens; ++t) {
+      int reached = 0;
+      for (int r = 0; r < 3; ++r) reached += h.send_pos[t * 3 + r] >= 0 ? 1 : 0;
+      for (std::size_t c = 0; c < hidden; ++c) {
+        const float want = reached * to_float(all[rank].x[t * hidden + c]) *
+                           all[rank].scales[t * nscales + c / fp8_block];
+        if (std::fabs(to_float(out.x[t * hidden + c]) - want) > 0.02f * std::fabs(want) + 1e-3f)
+          return test::fail_rank(rank, "combine after a cached dispatch");
+      }
+    }
+    return 0;
+  });
+  CHECK(test::all_ok(codes, "cached dispatch"));
+}
+
 TEST_CASE_TEMPLATE_DEFINE(
     "tokens from dispatch_send_buffer, expert rows from combine_send_buffer, some ranks or all", T,
     dc_in_place) {
@@ -200,14 +271,15 @@ TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks: built over shm, refused on every ran
   CHECK(test::all_ok(codes, "mask_lost_ranks option"));
 }
 
-#define EPCOMM_DISPATCH_COMBINE_SUITE(T)         \
-  TEST_CASE_TEMPLATE_INVOKE(dc_random, T);       \
-  TEST_CASE_TEMPLATE_INVOKE(dc_adversarial, T);  \
-  TEST_CASE_TEMPLATE_INVOKE(dc_extremes, T);     \
-  TEST_CASE_TEMPLATE_INVOKE(dc_reference, T);    \
-  TEST_CASE_TEMPLATE_INVOKE(dc_repeat, T);       \
-  TEST_CASE_TEMPLATE_INVOKE(dc_bound, T);        \
-  TEST_CASE_TEMPLATE_INVOKE(dc_alignment, T);    \
-  TEST_CASE_TEMPLATE_INVOKE(dc_live_handles, T); \
-  TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T);     \
+#define EPCOMM_DISPATCH_COMBINE_SUITE(T)            \
+  TEST_CASE_TEMPLATE_INVOKE(dc_random, T);          \
+  TEST_CASE_TEMPLATE_INVOKE(dc_adversarial, T);     \
+  TEST_CASE_TEMPLATE_INVOKE(dc_extremes, T);        \
+  TEST_CASE_TEMPLATE_INVOKE(dc_reference, T);       \
+  TEST_CASE_TEMPLATE_INVOKE(dc_repeat, T);          \
+  TEST_CASE_TEMPLATE_INVOKE(dc_bound, T);           \
+  TEST_CASE_TEMPLATE_INVOKE(dc_alignment, T);       \
+  TEST_CASE_TEMPLATE_INVOKE(dc_live_handles, T);    \
+  TEST_CASE_TEMPLATE_INVOKE(dc_cached_dispatch, T); \
+  TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T);        \
   TEST_CASE_TEMPLATE_INVOKE(dc_mask_option, T)

@@ -77,6 +77,14 @@ EPCOMM_HD inline void describe_short_y(char* out, int capacity, long long y_elem
                             << " rows of " << hidden;
 }
 
+// Normal mode: a dispatch handle of another rank or group than the caller's
+// (combine, or a dispatch from a cached handle).
+EPCOMM_HD inline void describe_foreign_handle(char* out, int capacity, long long handle_rank,
+                                              long long handle_world) {
+  cause_text(out, capacity) << "handle belongs to rank " << handle_rank << " of a world of "
+                            << handle_world;
+}
+
 // One of the describe_* texts as a std::string, for the host engines; room
 // for every text above with the longest integers, so nothing is truncated.
 template <class... Args>

@@ -642,15 +642,10 @@ requires peer_mapped_transport<Intra> &&
   std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,
                        std::span<combine_t> out_x, std::span<float> out_weights) const {
     const auto n = [](long long v) { return std::to_string(v); };
-    if (h.world_size != world_ || h.rank != rank_)
-      return "handle belongs to rank " + n(h.rank) + " of a world of " + n(h.world_size);
-    const std::size_t r = world_;
-    if (h.num_tokens < 0 || h.num_tokens > cap_.max_tokens_per_rank || h.hidden < 1 ||
-        h.hidden > cap_.max_hidden || h.topk < 1 || h.topk > cap_.max_topk ||
-        h.count_matrix.size() != r * r ||
-        h.send_pos.size() != static_cast<std::size_t>(std::max(h.num_tokens, 0)) * r ||
-        h.num_recv_tokens != h.recv_offset(world_, rank_))
-      return "handle is malformed (not one this buffer's dispatch returned)";
+    if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
+                                cap_.max_topk);
+        !bad.empty())
+      return bad;
     const std::size_t hidden = h.hidden;
     const std::size_t t = h.num_tokens;
     const std::size_t k = h.topk;

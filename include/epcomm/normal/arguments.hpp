@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "epcomm/core/deadline.hpp"
+#include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/normal/count_matrix.hpp"
 
@@ -56,6 +57,14 @@ struct dispatch_input {
   std::span<const float> topk_weights;     // [T][K]
 };
 
+// A dispatch along the routing of an earlier one (DeepEP's dispatch(handle=)):
+// the rows only, [handle.num_tokens][handle.hidden], in the handle's token order.
+template <token_type Token>
+struct cached_dispatch_input {
+  std::span<const Token> x;         // [T][H]
+  std::span<const float> x_scales;  // [T][H/128] for fp8, else empty
+};
+
 struct dispatch_options {
   // A worst-case receive bound: results are padded to exactly this many rows
   // (topk_idx -1, weight 0 in the padding), so no result shape depends on the
@@ -97,6 +106,22 @@ struct dispatch_handle {
     return epcomm::return_offset(count_matrix.data(), world_size, src, dst);
   }
 };
+
+// Empty when `h` can be a handle a dispatch of this rank returned, within the
+// buffer's limits; else why not. Handles are plain data a caller could build
+// or mix up, and a combine or cached dispatch trusts their counts.
+inline std::string check_handle(const dispatch_handle& h, int rank, int world, int max_tokens,
+                                int max_hidden, int max_topk) {
+  if (h.world_size != world || h.rank != rank)
+    return input_error_text(describe_foreign_handle, h.rank, h.world_size);
+  const auto r = static_cast<std::size_t>(world);
+  if (h.num_tokens < 0 || h.num_tokens > max_tokens || h.hidden < 1 || h.hidden > max_hidden ||
+      h.topk < 1 || h.topk > max_topk || h.count_matrix.size() != r * r ||
+      h.send_pos.size() != static_cast<std::size_t>(h.num_tokens) * r ||
+      h.num_recv_tokens != h.recv_offset(world, rank))
+    return "handle is malformed (not one this buffer's dispatch returned)";
+  return {};
+}
 
 // Received tokens ordered by (source rank, source token index). The spans view
 // the buffer and stay valid until the next dispatch on it.

@@ -12,6 +12,8 @@
 //             so bad input fails everywhere before any payload moves.
 //             data: rows go to (prefix over sources) offsets, then a counted
 //             signal per (source, destination).
+//             From a cached handle: the notify round carries the header
+//             alone (no counts, a fingerprint of the handle's instead).
 //   combine   ready: every rank posts its status and that its combine region is
 //             free; rows go back in one block per (rank, source); the source
 //             reduces in fp32.
@@ -142,7 +144,9 @@ class buffer {
     std::vector<bool> members(world_);
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      post_notify(in, opt, lay, cause, epoch, dl);
+      wire::notify_header hdr = notify_header_of(cause, epoch, in.num_tokens, in.hidden, in.topk);
+      hdr.recv_bound = opt.worst_case_recv_tokens;
+      post_notify(hdr, &lay, epoch, dl);
       for (int s = 0; s < world_; ++s)
         members[s] =
             await_round(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify counts"});
@@ -166,6 +170,59 @@ class buffer {
       quiet_staging(dl);
     });
     fill_result(res, in, opt, peers, rows_came);
+    return res;
+  }
+
+  // DeepEP's dispatch(handle=...): new rows along the routing of the dispatch
+  // that returned `h` (a backward pass's gradients, the next micro-step's
+  // tokens), every rank passing its handle of that same dispatch. No layout
+  // and no count exchange: the notify round carries the header alone, with a
+  // fingerprint of the handle's count matrix that must match on every rank.
+  // The result holds recv_x (recv_x_scales for fp8) and recv_src_idx in the
+  // handle's receive order, and `h` as its handle; no top-k ids, weights or
+  // per-expert counts (the handle's dispatch returned those).
+  dispatch_result<Token> dispatch(const cached_dispatch_input<Token>& in,
+                                  const dispatch_handle& h) {
+    ensure_usable("dispatch");
+    const std::uint64_t epoch = ++dispatch_epoch_;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = validate(in, h);
+    const bool ok = cause.empty();
+    std::vector<bool> members(world_);
+    guarded([&] {
+      inject(fault::point::before_notify, "dispatch");
+      wire::notify_header hdr =
+          notify_header_of(cause, epoch, ok ? h.num_tokens : 0, ok ? h.hidden : 0, 0);
+      hdr.routing = ok ? routing_fingerprint(h.count_matrix.data(), world_) : 0;
+      post_notify(hdr, nullptr, epoch, dl);
+      for (int s = 0; s < world_; ++s)
+        members[s] =
+            await_round(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify header"});
+    });
+    // A rejected handle may be malformed: its counts are not read (the verdict
+    // stops at the input's status before it looks at counts).
+    const auto peers = read_notify(members, ok ? &h : nullptr);
+    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers, members); },
+                      wire::signal_kind::data, epoch, dl, "dispatch");
+
+    dispatch_result<Token> res;
+    res.handle = h;
+    const dispatch_input<Token> rows{h.num_tokens, h.hidden, 0, in.x, in.x_scales, {}, {}};
+    layout lay;
+    lay.num_tokens = h.num_tokens;
+    lay.world_size = world_;
+    lay.send_pos = h.send_pos;
+    std::vector<bool> rows_came(world_);
+    guarded([&] {
+      inject(fault::point::mid_dispatch, "dispatch");
+      send_rows(rows, lay, h, topology{world_, world_, cap_.num_experts, h.hidden, 0}, dl);
+      for (int s = 0; s < world_; ++s)
+        rows_came[s] =
+            await_round(wire::signal_kind::data, s, epoch, dl, {"dispatch", s, "token rows"});
+      quiet_staging(dl);
+    });
+    fill_result(res, rows, {}, peers, rows_came);
+    res.num_recv_tokens_per_expert.clear();
     return res;
   }
 
@@ -346,13 +403,7 @@ class buffer {
     if (in.topk < 1 || in.topk > cap_.max_topk)
       return "topk " + std::to_string(in.topk) + " is outside [1, " +
              std::to_string(cap_.max_topk) + "]";
-    if (in.x.size() != t * h)
-      return "x holds " + std::to_string(in.x.size()) +
-             " elements, expected T*H = " + std::to_string(t * h);
-    const std::size_t scales = token_traits<Token>::has_scales ? t * (h / 128) : 0;
-    if (in.x_scales.size() != scales)
-      return "x_scales holds " + std::to_string(in.x_scales.size()) + " values, expected " +
-             std::to_string(scales);
+    if (auto bad = check_rows(in.x.size(), in.x_scales.size(), t, h); !bad.empty()) return bad;
     if (in.topk_idx.size() != t * k)
       return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
              " ids, expected T*K = " + std::to_string(t * k);
@@ -364,35 +415,64 @@ class buffer {
     return {};
   }
 
-  void post_notify(const dispatch_input<Token>& in, const dispatch_options& opt, const layout& lay,
-                   const std::string& cause, std::uint64_t epoch, const deadline& dl) {
-    quiet_staging(dl);
+  // x [T][H] and, for fp8, x_scales [T][H/128]: empty when the sizes fit.
+  static std::string check_rows(std::size_t x, std::size_t scales, std::size_t t, std::size_t h) {
+    if (x != t * h)
+      return "x holds " + std::to_string(x) + " elements, expected T*H = " + std::to_string(t * h);
+    const std::size_t expected = token_traits<Token>::has_scales ? t * (h / 128) : 0;
+    if (scales != expected)
+      return "x_scales holds " + std::to_string(scales) + " values, expected " +
+             std::to_string(expected);
+    return {};
+  }
+
+  std::string validate(const cached_dispatch_input<Token>& in, const dispatch_handle& h) const {
+    if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
+                                cap_.max_topk);
+        !bad.empty())
+      return bad;
+    if (token_traits<Token>::has_scales && h.hidden % 128 != 0)
+      return "hidden " + std::to_string(h.hidden) + " is not a multiple of 128 (fp8 scales)";
+    return check_rows(in.x.size(), in.x_scales.size(), h.num_tokens, h.hidden);
+  }
+
+  wire::notify_header notify_header_of(const std::string& cause, std::uint64_t epoch,
+                                       int num_tokens, int hidden, int topk) const {
     wire::notify_header hdr{};
     hdr.magic = wire::magic;
     hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
     hdr.epoch = epoch;
-    hdr.num_tokens = in.num_tokens;
-    hdr.hidden = in.hidden;
-    hdr.topk = in.topk;
+    hdr.num_tokens = num_tokens;
+    hdr.hidden = hidden;
+    hdr.topk = topk;
     hdr.num_experts = cap_.num_experts;
     hdr.token_id = token_traits<Token>::id;
-    hdr.recv_bound = opt.worst_case_recv_tokens;
     std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+    return hdr;
+  }
+
+  // The notify round: `hdr`, then this rank's counts from `lay` (zeros for a
+  // rejected call), or the header alone when `lay` is null (a dispatch from a
+  // cached handle, whose counts every rank already holds).
+  void post_notify(const wire::notify_header& hdr, const layout* lay, std::uint64_t epoch,
+                   const deadline& dl) {
+    quiet_staging(dl);
     const int per_rank = cap_.num_experts / world_;
-    std::vector<std::int32_t> zeros(world_ + per_rank, 0);
-    const std::size_t notify_bytes = sizeof hdr + sizeof(std::int32_t) * (world_ + per_rank);
+    const std::size_t notify_bytes =
+        sizeof hdr + (lay ? sizeof(std::int32_t) * (world_ + per_rank) : 0);
     for (int p = 0; p < world_; ++p) {
       if (lost_[p]) continue;
       const std::size_t there = plan_.notify + rank_ * plan_.notify_slot_bytes;
       const std::size_t staged = plan_.send_notify + p * plan_.notify_slot_bytes;
       std::byte* at = link_.outgoing(p, there, staged);
       std::memcpy(at, &hdr, sizeof hdr);
+      if (lay == nullptr) continue;
       auto* counts = reinterpret_cast<std::int32_t*>(at + sizeof hdr);
-      if (cause.empty()) {
-        std::copy(lay.tokens_per_rank.begin(), lay.tokens_per_rank.end(), counts);
-        std::copy_n(lay.tokens_per_expert.begin() + p * per_rank, per_rank, counts + world_);
+      if (hdr.state == wire::status::ok) {
+        std::copy(lay->tokens_per_rank.begin(), lay->tokens_per_rank.end(), counts);
+        std::copy_n(lay->tokens_per_expert.begin() + p * per_rank, per_rank, counts + world_);
       } else {
-        std::copy(zeros.begin(), zeros.end(), counts);
+        std::fill_n(counts, world_ + per_rank, 0);
       }
     }
     if constexpr (via_proxy)
@@ -403,8 +483,11 @@ class buffer {
 
   // Every member's notify record; a rank outside `members` sent nothing and
   // counts as sending nothing (its slot may hold an older call's record).
-  std::vector<peer_notify> read_notify(const std::vector<bool>& members) {
-    const int per_rank = cap_.num_experts / world_;
+  // With `cached`, the records carried headers only: the counts are the
+  // handle's, and there are no per-expert counts.
+  std::vector<peer_notify> read_notify(const std::vector<bool>& members,
+                                       const dispatch_handle* cached = nullptr) {
+    const int per_rank = cached ? 0 : cap_.num_experts / world_;
     std::vector<peer_notify> peers(world_);
     const std::byte* base = local(plan_.notify);
     for (int s = 0; s < world_; ++s) {
@@ -415,7 +498,9 @@ class buffer {
       }
       const std::byte* at = base + s * plan_.notify_slot_bytes;
       std::memcpy(&peers[s].header, at, sizeof(wire::notify_header));
-      const auto* counts = reinterpret_cast<const std::int32_t*>(at + sizeof(wire::notify_header));
+      const auto* counts =
+          cached ? cached->count_matrix.data() + s * world_
+                 : reinterpret_cast<const std::int32_t*>(at + sizeof(wire::notify_header));
       peers[s].tokens_per_rank.assign(counts, counts + world_);
       peers[s].tokens_per_local_expert.assign(counts + world_, counts + world_ + per_rank);
     }
@@ -541,9 +626,10 @@ class buffer {
 
   std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,
                        std::span<combine_t> out_x, std::span<float> out_weights) const {
-    if (h.world_size != world_ || h.rank != rank_)
-      return "handle belongs to rank " + std::to_string(h.rank) + " of a world of " +
-             std::to_string(h.world_size);
+    if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
+                                cap_.max_topk);
+        !bad.empty())
+      return bad;
     const std::size_t hidden = h.hidden;
     const std::size_t t = h.num_tokens;
     const std::size_t k = h.topk;

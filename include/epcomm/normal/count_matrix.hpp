@@ -41,4 +41,16 @@ EPCOMM_HD constexpr int aligned_expert_count(int count, int alignment) {
   return (count + alignment - 1) / alignment * alignment;
 }
 
+// A dispatch from a cached handle exchanges no counts, so every rank must
+// hold the same matrix: they compare this fingerprint of it (32-bit FNV-1a
+// over the R*R counts, never 0 so that 0 can mean "not a cached dispatch").
+EPCOMM_HD constexpr int routing_fingerprint(const int* counts, int world) {
+  unsigned h = 2166136261u;
+  for (int i = 0; i < world * world; ++i) {
+    unsigned v = static_cast<unsigned>(counts[i]);
+    for (int b = 0; b < 4; ++b, v >>= 8) h = (h ^ (v & 0xffu)) * 16777619u;
+  }
+  return static_cast<int>(h == 0 ? 1u : h);
+}
+
 }  // namespace epcomm

@@ -64,7 +64,7 @@ inline constexpr const char* waited_for_text(waited_for w) {
 }
 
 // Notify-header fields that every rank must agree on.
-enum class header_field : std::int32_t { hidden = 0, topk, token_id, num_experts };
+enum class header_field : std::int32_t { hidden = 0, topk, token_id, num_experts, routing };
 
 inline constexpr const char* header_field_text(header_field f) {
   switch (f) {
@@ -76,6 +76,8 @@ inline constexpr const char* header_field_text(header_field f) {
       return "token type id";
     case header_field::num_experts:
       return "num_experts";
+    case header_field::routing:
+      return "the cached handle's routing (count-matrix fingerprint)";
   }
   return "?";
 }

@@ -131,9 +131,11 @@ EPCOMM_HD proxy::channel_status rows(Channel&& ch, const wire::region_plan& pl, 
     if (rs.scales != 0)
       EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_scales + from * rs.scales,
                                    pl.recv_scales + to * rs.scales, n * rs.scales));
-    EPCOMM_PUSH_OR_RETURN(
-        ch.put(r, pl.send_topk_idx + from * idx, pl.recv_topk_idx + to * idx, n * idx));
-    EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_weights + from * w, pl.recv_weights + to * w, n * w));
+    if (rs.topk != 0) {  // 0: a dispatch from a cached handle moves no routing
+      EPCOMM_PUSH_OR_RETURN(
+          ch.put(r, pl.send_topk_idx + from * idx, pl.recv_topk_idx + to * idx, n * idx));
+      EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_weights + from * w, pl.recv_weights + to * w, n * w));
+    }
     EPCOMM_PUSH_OR_RETURN(ch.put_signal(r, pl.send_src_idx + from * sizeof(std::int32_t),
                                         pl.recv_src_idx + to * sizeof(std::int32_t),
                                         n * sizeof(std::int32_t), data, 1));

@@ -50,6 +50,7 @@ struct notify_header {
   std::int32_t num_experts;
   std::int32_t token_id;    // token_traits<Token>::id
   std::int32_t recv_bound;  // the sender's own worst-case receive bound, 0 = none
+  std::int32_t routing;     // dispatch from a cached handle: routing_fingerprint, else 0
   char cause[cause_bytes];  // NUL-terminated, set when state != ok
 };
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/normal/wire.hpp"
 
@@ -54,7 +55,7 @@ struct combine_shape {
 inline std::string check_combine_shape(int rank, int world, const combine_shape& in) {
   const auto n = [](long long v) { return std::to_string(v); };
   if (in.handle_world != world || in.handle_rank != rank)
-    return "handle belongs to rank " + n(in.handle_rank) + " of a world of " + n(in.handle_world);
+    return input_error_text(describe_foreign_handle, in.handle_rank, in.handle_world);
   if (in.y_rows < 0) return "y_rows is negative";
   if (in.y_rows > 0 && !in.has_y) return "y is null with " + n(in.y_rows) + " rows";
   if (in.num_tokens > 0 && !in.has_out_x)
