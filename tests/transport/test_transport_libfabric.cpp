@@ -65,3 +65,41 @@ TEST_CASE("an unknown provider is an error that says what was asked for") {
   });
   CHECK(test::all_ok(codes, "unknown provider"));
 }
+
+TEST_CASE(
+    "EPCOMM_FI_DOMAIN picks the device, and one not offered is an error naming those offered") {
+  INFO("provider:", test::provider_environment());
+  // The device every rank takes unasked, then the same device asked for by name.
+  const auto chosen = launch_local(2, [](local_bootstrap& boot) {
+    libfabric::transport t(boot, 4096, 1, deadline::after(std::chrono::seconds(30)));
+    return t.domain().empty() ? test::fail_rank(boot.rank(), "no domain name") : 0;
+  });
+  REQUIRE(test::all_ok(chosen, "default device"));
+  const auto codes = launch_local(2, [](local_bootstrap& boot) {
+    std::string usual;
+    {
+      libfabric::transport t(boot, 4096, 1, deadline::after(std::chrono::seconds(30)));
+      usual = t.domain();
+    }
+    ::setenv("EPCOMM_FI_DOMAIN", usual.c_str(), 1);
+    {
+      libfabric::transport t(boot, 4096, 1, deadline::after(std::chrono::seconds(30)));
+      if (t.domain() != usual) return test::fail_rank(boot.rank(), "override not taken");
+    }
+    ::setenv("EPCOMM_FI_DOMAIN", ("no-such-device," + usual).c_str(), 1);
+    try {
+      // Local rank 0 asks for the missing device and fails before any exchange;
+      // rank 1 takes the usual one and must not wait for rank 0 past its deadline.
+      libfabric::transport t(boot, 4096, 1, deadline::after(std::chrono::seconds(3)));
+      if (boot.rank() == 0) return test::fail_rank(0, "a device not offered was accepted");
+    } catch (const error& e) {
+      const std::string what = e.what();
+      if (boot.rank() == 0 && (what.find("EPCOMM_FI_DOMAIN names 'no-such-device' for local "
+                                         "rank 0") == std::string::npos ||
+                               what.find("offered: " + usual) == std::string::npos))
+        return test::fail_rank(0, what);
+    }
+    return 0;
+  });
+  CHECK(test::all_ok(codes, "EPCOMM_FI_DOMAIN"));
+}

@@ -48,10 +48,15 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <stdlib.h>  // realpath
+
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -65,6 +70,7 @@
 #include <vector>
 
 #include "epcomm/core/error.hpp"
+#include "epcomm/libfabric/nic_choice.hpp"
 #include "epcomm/transport/concepts.hpp"
 #include "epcomm/transport/peer_abort.hpp"
 #include "epcomm/transport/process_identity.hpp"
@@ -121,7 +127,7 @@ class transport : public proxy::rma_transport_base {
                       std::to_string(max_signal_slots) + " that remote CQ data can name");
     try {
       allocate_memory(opt.memory);  // first: device memory may be refused before any fabric call
-      open_endpoint(opt);
+      open_endpoint(opt, boot.local_rank(), boot.local_world_size());
       register_memory();
       exchange(boot, dl);
       boot.barrier(dl);  // every peer's endpoint, registration and addresses are ready
@@ -131,6 +137,9 @@ class transport : public proxy::rma_transport_base {
       throw;
     }
   }
+
+  // The libfabric domain (network device) this rank drives: see nic_choice.hpp.
+  const std::string& domain() const { return domain_name_; }
 
   transport(const transport&) = delete;
   transport& operator=(const transport&) = delete;
@@ -425,7 +434,63 @@ class transport : public proxy::rma_transport_base {
 
   // ---- bring-up -----------------------------------------------------------
 
-  void open_endpoint(const options& opt) {
+  // The fi_info of the device this rank drives (nic_choice.hpp), among
+  // `usable` (one entry per domain and provider, libfabric's order); null
+  // when EPCOMM_FI_DOMAIN names a domain none of them has.
+  static fi_info* choose_domain(const std::vector<fi_info*>& usable, const options& opt,
+                                int local_rank, int local_ranks) {
+    if (const std::string named = domain_override(std::getenv("EPCOMM_FI_DOMAIN"), local_rank);
+        !named.empty()) {
+      for (fi_info* i : usable)
+        if (named == i->domain_attr->name) return i;
+      return nullptr;
+    }
+    // One candidate per domain: the first (preferred) fi_info of each.
+    std::vector<fi_info*> firsts;
+    std::vector<nic> nics;
+    for (fi_info* i : usable) {
+      const std::string name = i->domain_attr->name;
+      if (std::any_of(nics.begin(), nics.end(), [&](const nic& n) { return n.domain == name; }))
+        continue;
+      firsts.push_back(i);
+      nics.push_back({name, pci_path(sysfs_device(i->nic))});
+    }
+    return firsts[choose_nic(nics, gpu_pci_path(opt.memory), local_rank, local_ranks)];
+  }
+
+  // The sysfs path of a device on the PCI bus, resolved through its links;
+  // empty when libfabric does not say where it is.
+  static std::string sysfs_device(const fid_nic* n) {
+    if (n == nullptr || n->bus_attr == nullptr || n->bus_attr->bus_type != FI_BUS_PCI) return {};
+    const fi_pci_attr& p = n->bus_attr->attr.pci;
+    char bdf[32];
+    std::snprintf(bdf, sizeof bdf, "%04x:%02x:%02x.%x", p.domain_id, p.bus_id, p.device_id,
+                  p.function_id);
+    return resolved(std::string("/sys/bus/pci/devices/") + bdf);
+  }
+
+  static std::string resolved(const std::string& path) {
+    char out[PATH_MAX];
+    return ::realpath(path.c_str(), out) != nullptr ? std::string(out) : std::string{};
+  }
+
+  // The PCIe path of the GPU holding the data region; empty for host memory.
+  static std::vector<std::string> gpu_pci_path(const proxy::memory_placement& m) {
+#if defined(EPCOMM_WITH_CUDA)
+    if (m.kind == proxy::memory_kind::cuda_device) {
+      char bus[32] = {};
+      if (cudaDeviceGetPCIBusId(bus, sizeof bus, m.cuda_device) == cudaSuccess) {
+        for (char* c = bus; *c != '\0'; ++c) *c = static_cast<char>(std::tolower(*c));
+        return pci_path(resolved(std::string("/sys/bus/pci/devices/") + bus));
+      }
+    }
+#else
+    (void)m;
+#endif
+    return {};
+  }
+
+  void open_endpoint(const options& opt, int local_rank, int local_ranks) {
     fi_info* hints = fi_allocinfo();
     if (hints == nullptr) fail("libfabric setup", no_peer, "fi_allocinfo failed");
     hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
@@ -462,17 +527,33 @@ class transport : public proxy::rma_transport_base {
                (device ? " on CUDA device memory (FI_HMEM)" : "") +
                ": fi_getinfo: " + fi_strerror(-rc));
     // Signals need 4 bytes of CQ data and keys must fit 64 bits (no FI_MR_RAW).
-    for (fi_info* i = list; i != nullptr; i = i->next) {
-      if (i->domain_attr->cq_data_size >= 4 && i->domain_attr->mr_key_size <= 8) {
-        info_ = fi_dupinfo(i);
-        break;
-      }
-    }
-    fi_freeinfo(list);
-    if (info_ == nullptr)
+    std::vector<fi_info*> usable;
+    for (fi_info* i = list; i != nullptr; i = i->next)
+      if (i->domain_attr->cq_data_size >= 4 && i->domain_attr->mr_key_size <= 8)
+        usable.push_back(i);
+    if (usable.empty()) {
+      fi_freeinfo(list);
       fail("libfabric setup", no_peer,
            "no " + wanted + " offers 4 bytes of remote CQ data with 64-bit memory keys");
+    }
+    std::vector<std::string> domains;  // each once, for the error below
+    for (fi_info* i : usable)
+      if (std::find(domains.begin(), domains.end(), i->domain_attr->name) == domains.end())
+        domains.emplace_back(i->domain_attr->name);
+    fi_info* chosen = choose_domain(usable, opt, local_rank, local_ranks);
+    if (chosen != nullptr) info_ = fi_dupinfo(chosen);
+    fi_freeinfo(list);
+    if (info_ == nullptr) {
+      std::string offered;
+      for (const std::string& d : domains) offered += (offered.empty() ? "" : ", ") + d;
+      fail("libfabric setup", no_peer,
+           "EPCOMM_FI_DOMAIN names '" +
+               domain_override(std::getenv("EPCOMM_FI_DOMAIN"), local_rank) + "' for local rank " +
+               std::to_string(local_rank) + ", which " + wanted +
+               " does not offer (offered: " + offered + ")");
+    }
     name_ = std::string("libfabric/") + info_->fabric_attr->prov_name;
+    domain_name_ = info_->domain_attr->name;
     max_write_ = info_->ep_attr->max_msg_size;
     if (opt.max_write != 0) max_write_ = std::min(max_write_, opt.max_write);
     if (max_write_ == 0) fail("libfabric setup", no_peer, "provider reports max_msg_size 0");
@@ -847,6 +928,7 @@ class transport : public proxy::rma_transport_base {
   std::size_t max_write_ = 0;
 
   fi_info* info_ = nullptr;
+  std::string domain_name_;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
   fid_cq* cq_ = nullptr;
