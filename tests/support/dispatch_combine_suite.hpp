@@ -28,6 +28,16 @@ inline std::string provider_environment() {
   return s;
 }
 
+// The buffer of the handle cases: 12 experts over 3 ranks, top-4, 40 tokens.
+inline buffer_config handle_case_config(int max_hidden) {
+  buffer_config cfg;
+  cfg.num_experts = 12;
+  cfg.max_hidden = max_hidden;
+  cfg.max_topk = 4;
+  cfg.max_tokens_per_rank = 40;
+  return cfg;
+}
+
 }  // namespace epcomm::test
 
 #define EPCOMM_SUITE_CONTEXT(T) \
@@ -117,12 +127,7 @@ TEST_CASE_TEMPLATE_DEFINE("a handle stays valid across later dispatches, combine
   // their combines in reverse order, each from its own handle.
   const auto codes = launch_local(3, [](local_bootstrap& boot) {
     const int rank = boot.rank();
-    buffer_config cfg;
-    cfg.num_experts = 12;
-    cfg.max_hidden = 128;
-    cfg.max_topk = 4;
-    cfg.max_tokens_per_rank = 40;
-    buffer<T, bf16> buf(boot, cfg);
+    buffer<T, bf16> buf(boot, test::handle_case_config(128));
     struct layer {
       test::shape s;
       std::vector<test::rank_input<bf16>> all;
@@ -171,12 +176,7 @@ TEST_CASE_TEMPLATE_DEFINE("a dispatch from a cached handle, after another routin
   // put its token, and a combine of the handle must then sum them back.
   const auto codes = launch_local(3, [](local_bootstrap& boot) {
     const int rank = boot.rank();
-    buffer_config cfg;
-    cfg.num_experts = 12;
-    cfg.max_hidden = 256;
-    cfg.max_topk = 4;
-    cfg.max_tokens_per_rank = 40;
-    buffer<T, fp8_e4m3> buf(boot, cfg);
+    buffer<T, fp8_e4m3> buf(boot, test::handle_case_config(256));
     const test::shape kept{3, 37, 256, 4, 12, test::routing::random, 5u};
     const test::shape between{3, 40, 256, 4, 12, test::routing::uneven, 6u};
     const test::shape fresh{3, 37, 256, 4, 12, test::routing::random, 7u};  // its x only

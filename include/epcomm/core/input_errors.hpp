@@ -77,6 +77,11 @@ EPCOMM_HD inline void describe_short_y(char* out, int capacity, long long y_elem
                             << " rows of " << hidden;
 }
 
+// fp8 rows carry one scale per 128 channels: a hidden that is no multiple of it.
+EPCOMM_HD inline void describe_unscaled_hidden(char* out, int capacity, long long hidden) {
+  cause_text(out, capacity) << "hidden " << hidden << " is not a multiple of 128 (fp8 scales)";
+}
+
 // Normal mode: a dispatch handle of another rank or group than the caller's
 // (combine, or a dispatch from a cached handle).
 EPCOMM_HD inline void describe_foreign_handle(char* out, int capacity, long long handle_rank,

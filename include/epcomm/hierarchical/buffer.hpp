@@ -339,7 +339,7 @@ requires peer_mapped_transport<Intra> &&
     if (in.hidden < 1 || in.hidden > cap_.max_hidden)
       return "hidden " + n(in.hidden) + " is outside [1, " + n(cap_.max_hidden) + "]";
     if (token_traits<Token>::has_scales && in.hidden % 128 != 0)
-      return "hidden " + n(in.hidden) + " is not a multiple of 128 (fp8 scales)";
+      return input_error_text(describe_unscaled_hidden, in.hidden);
     if (in.topk < 1 || in.topk > cap_.max_topk)
       return "topk " + n(in.topk) + " is outside [1, " + n(cap_.max_topk) + "]";
     if (in.x.size() != t * h)

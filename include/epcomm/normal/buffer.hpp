@@ -399,7 +399,7 @@ class buffer {
       return "hidden " + std::to_string(in.hidden) + " is outside [1, " +
              std::to_string(cap_.max_hidden) + "]";
     if (token_traits<Token>::has_scales && in.hidden % 128 != 0)
-      return "hidden " + std::to_string(in.hidden) + " is not a multiple of 128 (fp8 scales)";
+      return input_error_text(describe_unscaled_hidden, in.hidden);
     if (in.topk < 1 || in.topk > cap_.max_topk)
       return "topk " + std::to_string(in.topk) + " is outside [1, " +
              std::to_string(cap_.max_topk) + "]";
@@ -432,7 +432,7 @@ class buffer {
         !bad.empty())
       return bad;
     if (token_traits<Token>::has_scales && h.hidden % 128 != 0)
-      return "hidden " + std::to_string(h.hidden) + " is not a multiple of 128 (fp8 scales)";
+      return input_error_text(describe_unscaled_hidden, h.hidden);
     return check_rows(in.x.size(), in.x_scales.size(), h.num_tokens, h.hidden);
   }
 

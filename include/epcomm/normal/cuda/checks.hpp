@@ -31,7 +31,7 @@ inline std::string check_dispatch_shape(const wire::capacity& cap, const dispatc
   if (in.hidden < 1 || in.hidden > cap.max_hidden)
     return "hidden " + n(in.hidden) + " is outside [1, " + n(cap.max_hidden) + "]";
   if (cap.has_scales && in.hidden % 128 != 0)
-    return "hidden " + n(in.hidden) + " is not a multiple of 128 (fp8 scales)";
+    return input_error_text(describe_unscaled_hidden, in.hidden);
   if (in.topk < 1 || in.topk > cap.max_topk)
     return "topk " + n(in.topk) + " is outside [1, " + n(cap.max_topk) + "]";
   if (in.num_tokens > 0) {

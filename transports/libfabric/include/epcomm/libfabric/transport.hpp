@@ -445,17 +445,22 @@ class transport : public proxy::rma_transport_base {
         if (named == i->domain_attr->name) return i;
       return nullptr;
     }
-    // One candidate per domain: the first (preferred) fi_info of each.
-    std::vector<fi_info*> firsts;
+    const std::vector<fi_info*> firsts = one_per_domain(usable);
     std::vector<nic> nics;
-    for (fi_info* i : usable) {
-      const std::string name = i->domain_attr->name;
-      if (std::any_of(nics.begin(), nics.end(), [&](const nic& n) { return n.domain == name; }))
-        continue;
-      firsts.push_back(i);
-      nics.push_back({name, pci_path(sysfs_device(i->nic))});
-    }
+    for (fi_info* i : firsts)
+      nics.push_back({i->domain_attr->name, pci_path(sysfs_device(i->nic))});
     return firsts[choose_nic(nics, gpu_pci_path(opt.memory), local_rank, local_ranks)];
+  }
+
+  // The first (preferred) fi_info of each domain, in libfabric's order.
+  static std::vector<fi_info*> one_per_domain(const std::vector<fi_info*>& usable) {
+    std::vector<fi_info*> firsts;
+    for (fi_info* i : usable)
+      if (std::none_of(firsts.begin(), firsts.end(), [&](const fi_info* f) {
+            return std::strcmp(f->domain_attr->name, i->domain_attr->name) == 0;
+          }))
+        firsts.push_back(i);
+    return firsts;
   }
 
   // The sysfs path of a device on the PCI bus, resolved through its links;
@@ -536,22 +541,21 @@ class transport : public proxy::rma_transport_base {
       fail("libfabric setup", no_peer,
            "no " + wanted + " offers 4 bytes of remote CQ data with 64-bit memory keys");
     }
-    std::vector<std::string> domains;  // each once, for the error below
-    for (fi_info* i : usable)
-      if (std::find(domains.begin(), domains.end(), i->domain_attr->name) == domains.end())
-        domains.emplace_back(i->domain_attr->name);
     fi_info* chosen = choose_domain(usable, opt, local_rank, local_ranks);
-    if (chosen != nullptr) info_ = fi_dupinfo(chosen);
-    fi_freeinfo(list);
-    if (info_ == nullptr) {
+    if (chosen == nullptr) {
       std::string offered;
-      for (const std::string& d : domains) offered += (offered.empty() ? "" : ", ") + d;
+      for (const fi_info* i : one_per_domain(usable))
+        offered += (offered.empty() ? "" : ", ") + std::string(i->domain_attr->name);
+      fi_freeinfo(list);
       fail("libfabric setup", no_peer,
            "EPCOMM_FI_DOMAIN names '" +
                domain_override(std::getenv("EPCOMM_FI_DOMAIN"), local_rank) + "' for local rank " +
                std::to_string(local_rank) + ", which " + wanted +
                " does not offer (offered: " + offered + ")");
     }
+    info_ = fi_dupinfo(chosen);
+    fi_freeinfo(list);
+    if (info_ == nullptr) fail("libfabric setup", no_peer, "fi_dupinfo failed");
     name_ = std::string("libfabric/") + info_->fabric_attr->prov_name;
     domain_name_ = info_->domain_attr->name;
     max_write_ = info_->ep_attr->max_msg_size;
