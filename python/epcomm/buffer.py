@@ -1,10 +1,11 @@
 """DeepEP's Buffer API over epcomm's engines.
 
 CPU tensors go to the host engine over shared memory (every rank of the group
-on one host). Each token type and each low-latency shape gets its own engine,
-built on first use by a call every rank makes with the same type and sizes
-(DeepEP requires the same of its callers), so one Buffer serves bf16, fp8
-and fp32 calls. Calls on CPU tensors complete before they return: the
+on one host). Normal mode's bf16 and fp8 calls share one engine, fp32 calls
+have their own, and each low-latency shape gets its own; an engine is built
+on first use by a call every rank makes with the same type and sizes (DeepEP
+requires the same of its callers), so one Buffer serves bf16, fp8 and fp32
+calls. Calls on CPU tensors complete before they return: the
 EventOverlap they give back has nothing left to wait for.
 """
 
@@ -111,13 +112,15 @@ def _aligned(counts, alignment):
 class Buffer:
     """DeepEP's Buffer, built collectively from a torch.distributed group.
 
-    Sizes: normal mode sizes each token type's engine by `num_experts`,
-    `hidden`, `max_topk` and `num_max_tokens_per_rank` when given as keyword
-    arguments; a size not given is taken from the first call of that type
-    (experts from `num_tokens_per_expert`, hidden from x, top-k from
-    topk_idx) and the token bound from `num_nvl_bytes`, the bytes the
-    receive region may take: num_nvl_bytes // (group size * hidden * bytes
-    per element). Low-latency mode sizes its engines by the arguments of
+    Sizes: normal mode serves bf16 and fp8 from one engine, its receive
+    region sized for bf16 rows, and fp32 (an epcomm extension, twice the
+    bytes per row) from a second one built when first used. Each is sized by
+    `num_experts`, `hidden`, `max_topk` and `num_max_tokens_per_rank` when
+    given as keyword arguments; a size not given is taken from the engine's
+    first call (experts from `num_tokens_per_expert`, hidden from x, top-k
+    from topk_idx) and the token bound from `num_nvl_bytes`, the bytes the
+    receive region may take: num_nvl_bytes // (group size * hidden * 2, or
+    4 for fp32). Low-latency mode sizes its engines by the arguments of
     `low_latency_dispatch` itself. `timeout_ms` bounds every call (default:
     EPCOMM_TIMEOUT_MS or the library's); `enable_shrink` keeps going without
     a rank whose process exited (epcomm's mask_lost_ranks).
@@ -231,13 +234,14 @@ class Buffer:
             if not isinstance(handle, _NormalHandle):
                 raise error(self.rank, "dispatch", "invalid input: handle is not a dispatch handle "
                             "of an epcomm Buffer")
-            engine, _ = self._normal_engine(x, x_scales, handle.topk_idx, handle.num_experts)
-            _, rx, rs = engine.dispatch_cached(_dl(x), _dl(x_scales), handle.cpp)
+            engine, _, kind = self._normal_engine(x, x_scales, handle.topk_idx,
+                                                  handle.num_experts)
+            _, rx, rs = engine.dispatch_cached(kind, _dl(x), _dl(x_scales), handle.cpp)
             recv_x = from_dlpack(rx).clone()
             if rs is not None:
                 recv_x = (recv_x, from_dlpack(rs).clone())
             return recv_x, None, None, None, None, EventOverlap()
-        engine, num_experts = self._normal_engine(
+        engine, num_experts, kind = self._normal_engine(
             x, x_scales, topk_idx,
             None if num_tokens_per_expert is None else num_tokens_per_expert.numel())
         with_topk = topk_idx is not None
@@ -248,7 +252,7 @@ class Buffer:
             topk_idx = self._rank_routing(is_token_in_rank, num_experts)
             topk_weights = torch.ones(topk_idx.shape, dtype=torch.float32)
         n, rx, rs, ridx, rw, rsrc, per_expert, cpp = engine.dispatch(
-            _dl(x), _dl(x_scales), _dl(topk_idx), _dl(topk_weights), num_worst_tokens,
+            kind, _dl(x), _dl(x_scales), _dl(topk_idx), _dl(topk_weights), num_worst_tokens,
             expert_alignment)
         recv_x = from_dlpack(rx).clone()
         if rs is not None:
@@ -298,7 +302,8 @@ class Buffer:
         out = torch.empty(cpp.num_tokens, cpp.hidden, dtype=x.dtype)
         out_weights = torch.empty(cpp.num_tokens, cpp.topk, dtype=torch.float32) \
             if topk_weights is not None else None
-        handle.engine.combine(_dl(x), cpp, _dl(topk_weights), _dl(bias_0), _dl(bias_1),
+        kind = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(x.dtype, str(x.dtype))
+        handle.engine.combine(kind, _dl(x), cpp, _dl(topk_weights), _dl(bias_0), _dl(bias_1),
                               to_dlpack(out), _dl(out_weights))
         return out, out_weights, EventOverlap()
 
@@ -457,22 +462,25 @@ class Buffer:
                               "CUDA tensors need the CUDA buffers' binding")
 
     def _normal_engine(self, x, x_scales, topk_idx, num_experts):
-        """The engine for x's token type, built on first use; `num_experts`
-        (None if unknown) sizes it when the Buffer was not told."""
+        """(engine, num_experts, token type name) for x: the engine is built
+        on first use; `num_experts` (None if unknown) sizes it when the Buffer
+        was not told."""
         if x_scales is not None:
-            kind, cls = "fp8", _epcomm.NormalBuffer_fp8
+            kind = "fp8_e4m3"
             if x.dtype != torch.uint8 or x_scales.dtype != torch.float32:
                 raise error(self.rank, "dispatch", "invalid input: fp8 x must be (uint8 tensor "
                             f"of e4m3 bytes, float32 scales), got ({x.dtype}, {x_scales.dtype})")
         elif x.dtype == torch.bfloat16:
-            kind, cls = "bf16", _epcomm.NormalBuffer_bf16
+            kind = "bf16"
         elif x.dtype == torch.float32:
-            kind, cls = "fp32", _epcomm.NormalBuffer_f32
+            kind = "fp32"
         else:
             raise error(self.rank, "dispatch", f"invalid input: x has dtype {x.dtype}; "
                         "bfloat16, float32 or (uint8, float32 scales) for fp8")
-        if kind in self._normal:
-            return self._normal[kind]
+        key, cls, row_element_bytes = (("fp32", _epcomm.NormalBuffer_f32, 4) if kind == "fp32"
+                                       else ("bf16/fp8", _epcomm.NormalBuffer, 2))
+        if key in self._normal:
+            return self._normal[key] + (kind,)
         sizes = dict(self._sizes)
         if sizes["num_experts"] is None:
             if num_experts is None:
@@ -488,15 +496,15 @@ class Buffer:
             self.group_size)
         if sizes["max_tokens_per_rank"] is None:
             sizes["max_tokens_per_rank"] = self.num_nvl_bytes // (
-                self.group_size * sizes["hidden"] * x.element_size())
+                self.group_size * sizes["hidden"] * row_element_bytes)
         if sizes["max_tokens_per_rank"] < 1:
             raise error(self.rank, "dispatch", f"invalid input: num_nvl_bytes "
                         f"({self.num_nvl_bytes}) holds no token of hidden {sizes['hidden']} from "
                         f"{self.group_size} ranks; pass more, or num_max_tokens_per_rank")
         engine = cls(self._bootstrap, sizes["num_experts"], sizes["hidden"], sizes["max_topk"],
                      sizes["max_tokens_per_rank"], self._timeout, self._mask_lost_ranks)
-        self._normal[kind] = engine, sizes["num_experts"]
-        return self._normal[kind]
+        self._normal[key] = engine, sizes["num_experts"]
+        return self._normal[key] + (kind,)
 
     def _low_latency_engine(self, use_fp8, round_scale, use_ue8m0, num_experts, hidden, topk,
                             max_tokens):

@@ -1,7 +1,10 @@
 // Normal (throughput) mode for CPU tensors: epcomm::buffer over shared
-// memory, one class per token type (NormalBuffer_bf16, _fp8, _f32). Results
-// are views of the buffer; epcomm/buffer.py copies what must outlive the
-// next call.
+// memory. NormalBuffer serves DeepEP's token types, bf16 and fp8, from one
+// set of regions sized for bf16 rows; NormalBuffer_f32 serves fp32 (twice
+// the bytes per row, so only a caller that dispatches fp32 pays for it).
+// Each call names its type (token_traits name), and the binding picks the
+// engine's instantiation for it at run time. Results are views of the
+// buffer; epcomm/buffer.py copies what must outlive the next call.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,6 +12,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "bindings.hpp"
 #include "dlpack_tensor.hpp"
@@ -19,21 +24,91 @@
 namespace epcomm::python {
 namespace {
 
-template <class Token>
+// Calls f.template operator()<T>() for the first T of Served whose
+// token_traits name is `kind`; any other kind is the caller's invalid input.
+template <class... Served, class F>
+void for_type(std::string_view kind, const call_site& at, F&& f) {
+  const bool served =
+      ((kind == token_traits<Served>::name && (f.template operator()<Served>(), true)) || ...);
+  if (served) return;
+  std::string names;
+  for (std::string_view name : {token_traits<Served>::name...})
+    if (names.find(name) == std::string::npos)
+      names += (names.empty() ? "" : ", ") + std::string(name);
+  throw error(at.rank, at.op, no_peer,
+              "invalid input: this buffer serves " + names + ", not " + std::string(kind));
+}
+
+template <class... Tokens>
 class normal_buffer {
  public:
-  using engine = buffer<shm::transport, Token>;
-  using combine_t = typename engine::combine_t;
+  using engine = buffer<shm::transport, Tokens...>;
 
   normal_buffer(group_bootstrap& boot, const buffer_config& cfg)
       : engine_(std::make_unique<engine>(boot, cfg)) {}
 
   // (num_recv_tokens, recv_x, recv_x_scales or None, recv_topk_idx,
   //  recv_topk_weights, recv_src_idx, num_recv_tokens_per_expert, handle)
-  py::tuple dispatch(py::object self, const py::object& x, const py::object& x_scales,
-                     const py::object& topk_idx, const py::object& topk_weights,
-                     int worst_case_recv_tokens, int expert_alignment) {
+  py::tuple dispatch(py::object self, std::string_view kind, const py::object& x,
+                     const py::object& x_scales, const py::object& topk_idx,
+                     const py::object& topk_weights, int worst_case_recv_tokens,
+                     int expert_alignment) {
     const call_site at{engine_->rank(), "dispatch"};
+    py::tuple out;
+    for_type<Tokens...>(kind, at, [&]<class Token>() {
+      out = dispatch_as<Token>(self, at, x, x_scales, topk_idx, topk_weights,
+                               worst_case_recv_tokens, expert_alignment);
+    });
+    return out;
+  }
+
+  // (num_recv_tokens, recv_x, recv_x_scales or None): new rows along the
+  // routing of the dispatch that returned `h`, no counts exchanged.
+  py::tuple dispatch_cached(py::object self, std::string_view kind, const py::object& x,
+                            const py::object& x_scales, const dispatch_handle& h) {
+    const call_site at{engine_->rank(), "dispatch"};
+    py::tuple out;
+    for_type<Tokens...>(kind, at, [&]<class Token>() {
+      out = dispatch_cached_as<Token>(self, at, x, x_scales, h);
+    });
+    return out;
+  }
+
+  // combine_send_buffer in the first token's combine type.
+  py::capsule combine_send_buffer(py::object self, const dispatch_handle& h) {
+    return export_view(
+        std::span<const typename engine::first_combine>(engine_->combine_send_buffer(h)),
+        {h.num_recv_tokens, h.hidden}, self);
+  }
+
+  // Writes out_x[T][H] and, when topk_weights is given, out_weights[T][K];
+  // `kind` names y's element type.
+  void combine(std::string_view kind, const py::object& y, const dispatch_handle& h,
+               const py::object& topk_weights, const py::object& bias_0, const py::object& bias_1,
+               const py::object& out_x, const py::object& out_weights) {
+    const call_site at{engine_->rank(), "combine"};
+    for_type<combine_type_t<Tokens>...>(kind, at, [&]<class Out>() {
+      const auto ys = read_tensor<const Out>(y, "x", at);
+      const auto weights = read_tensor<const float>(topk_weights, "topk_weights", at);
+      combine_input<Out> in{ys.data, std::nullopt,
+                            read_tensor<const Out>(bias_0, "bias[0]", at).data,
+                            read_tensor<const Out>(bias_1, "bias[1]", at).data};
+      if (weights.given) in.topk_weights = weights.data;
+      const auto ox = read_tensor<Out>(out_x, "out", at);
+      const auto ow = read_tensor<float>(out_weights, "out topk_weights", at);
+      py::gil_scoped_release free;
+      engine_->template combine<Out>(in, h, ox.data, ow.data);
+    });
+  }
+
+  engine& get() { return *engine_; }
+
+ private:
+  template <class Token>
+  py::tuple dispatch_as(py::object self, const call_site& at, const py::object& x,
+                        const py::object& x_scales, const py::object& topk_idx,
+                        const py::object& topk_weights, int worst_case_recv_tokens,
+                        int expert_alignment) {
     const auto xs = read_tensor<const Token>(x, "x", at);
     const auto scales = read_tensor<const float>(x_scales, "x_scales", at);
     const auto idx = read_tensor<const std::int64_t>(topk_idx, "topk_idx", at);
@@ -50,8 +125,8 @@ class normal_buffer {
     dispatch_result<Token> res;
     {
       py::gil_scoped_release free;
-      res = engine_->dispatch(in, {.worst_case_recv_tokens = worst_case_recv_tokens,
-                                   .expert_alignment = expert_alignment});
+      res = engine_->template dispatch<Token>(in, {.worst_case_recv_tokens = worst_case_recv_tokens,
+                                                   .expert_alignment = expert_alignment});
     }
     const std::int64_t rows = static_cast<std::int64_t>(res.recv_src_idx.size());
     const std::int64_t k = in.topk;
@@ -65,17 +140,16 @@ class normal_buffer {
                           res.num_recv_tokens_per_expert, std::move(res.handle));
   }
 
-  // (num_recv_tokens, recv_x, recv_x_scales or None): new rows along the
-  // routing of the dispatch that returned `h`, no counts exchanged.
-  py::tuple dispatch_cached(py::object self, const py::object& x, const py::object& x_scales,
-                            const dispatch_handle& h) {
-    const call_site at{engine_->rank(), "dispatch"};
+  template <class Token>
+  py::tuple dispatch_cached_as(py::object self, const call_site& at, const py::object& x,
+                               const py::object& x_scales, const dispatch_handle& h) {
     const auto xs = read_tensor<const Token>(x, "x", at);
     const auto scales = read_tensor<const float>(x_scales, "x_scales", at);
     dispatch_result<Token> res;
     {
       py::gil_scoped_release free;
-      res = engine_->dispatch(cached_dispatch_input<Token>{xs.data, scales.data}, h);
+      res =
+          engine_->template dispatch<Token>(cached_dispatch_input<Token>{xs.data, scales.data}, h);
     }
     const std::int64_t rows = res.num_recv_tokens;
     py::object recv_scales = py::none();
@@ -85,37 +159,12 @@ class normal_buffer {
                           recv_scales);
   }
 
-  py::capsule combine_send_buffer(py::object self, const dispatch_handle& h) {
-    return export_view(std::span<const combine_t>(engine_->combine_send_buffer(h)),
-                       {h.num_recv_tokens, h.hidden}, self);
-  }
-
-  // Writes out_x[T][H] and, when topk_weights is given, out_weights[T][K].
-  void combine(const py::object& y, const dispatch_handle& h, const py::object& topk_weights,
-               const py::object& bias_0, const py::object& bias_1, const py::object& out_x,
-               const py::object& out_weights) {
-    const call_site at{engine_->rank(), "combine"};
-    const auto ys = read_tensor<const combine_t>(y, "x", at);
-    const auto weights = read_tensor<const float>(topk_weights, "topk_weights", at);
-    combine_input<combine_t> in{ys.data, std::nullopt,
-                                read_tensor<const combine_t>(bias_0, "bias[0]", at).data,
-                                read_tensor<const combine_t>(bias_1, "bias[1]", at).data};
-    if (weights.given) in.topk_weights = weights.data;
-    const auto ox = read_tensor<combine_t>(out_x, "out", at);
-    const auto ow = read_tensor<float>(out_weights, "out topk_weights", at);
-    py::gil_scoped_release free;
-    engine_->combine(in, h, ox.data, ow.data);
-  }
-
-  engine& get() { return *engine_; }
-
- private:
   std::unique_ptr<engine> engine_;
 };
 
-template <class Token>
+template <class... Tokens>
 void bind_normal_buffer(py::module_& m, const char* name) {
-  using B = normal_buffer<Token>;
+  using B = normal_buffer<Tokens...>;
   py::class_<B>(m, name)
       .def(py::init([](group_bootstrap& boot, int num_experts, int max_hidden, int max_topk,
                        int max_tokens_per_rank, std::chrono::milliseconds timeout,
@@ -130,17 +179,17 @@ void bind_normal_buffer(py::module_& m, const char* name) {
            }),
            py::arg("bootstrap"), py::arg("num_experts"), py::arg("max_hidden"), py::arg("max_topk"),
            py::arg("max_tokens_per_rank"), py::arg("timeout"), py::arg("mask_lost_ranks"))
-      .def(
-          "dispatch",
-          [](py::object self, const py::object& x, const py::object& x_scales,
-             const py::object& topk_idx, const py::object& topk_weights, int worst, int alignment) {
-            return self.cast<B&>().dispatch(self, x, x_scales, topk_idx, topk_weights, worst,
-                                            alignment);
-          })
+      .def("dispatch",
+           [](py::object self, std::string_view kind, const py::object& x,
+              const py::object& x_scales, const py::object& topk_idx,
+              const py::object& topk_weights, int worst, int alignment) {
+             return self.cast<B&>().dispatch(self, kind, x, x_scales, topk_idx, topk_weights, worst,
+                                             alignment);
+           })
       .def("dispatch_cached",
-           [](py::object self, const py::object& x, const py::object& x_scales,
-              const dispatch_handle& h) {
-             return self.cast<B&>().dispatch_cached(self, x, x_scales, h);
+           [](py::object self, std::string_view kind, const py::object& x,
+              const py::object& x_scales, const dispatch_handle& h) {
+             return self.cast<B&>().dispatch_cached(self, kind, x, x_scales, h);
            })
       .def("combine_send_buffer",
            [](py::object self, const dispatch_handle& h) {
@@ -165,8 +214,7 @@ void bind_normal(py::module_& m) {
       .def_readonly("topk", &dispatch_handle::topk)
       .def_readonly("num_recv_tokens", &dispatch_handle::num_recv_tokens)
       .def_readonly("count_matrix", &dispatch_handle::count_matrix);
-  bind_normal_buffer<bf16>(m, "NormalBuffer_bf16");
-  bind_normal_buffer<fp8_e4m3>(m, "NormalBuffer_fp8");
+  bind_normal_buffer<bf16, fp8_e4m3>(m, "NormalBuffer");
   bind_normal_buffer<float>(m, "NormalBuffer_f32");
 }
 

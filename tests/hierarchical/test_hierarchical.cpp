@@ -12,6 +12,7 @@
 // once per other node it reaches, its partial sum once back.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,8 +33,8 @@ using test::shape;
 
 namespace {
 
-template <class Inter, class Token>
-using hier = hierarchical_buffer<shm::transport, Inter, Token>;
+template <class Inter, class... Tokens>
+using hier = hierarchical_buffer<shm::transport, Inter, Tokens...>;
 
 // The traffic the routing implies for one rank, computed from every rank's
 // regenerated routing with plain loops (nothing shared with the library).
@@ -186,32 +187,20 @@ std::string check_traffic(const hierarchical_traffic& before, const hierarchical
   return {};
 }
 
-// One rank: a dispatch/combine pair per routing in `routes`, one after the
-// other on one buffer, with a new seed each (every second dispatch with a
-// worst-case bound, so its results are padded); each call is checked against
-// the reference and against the traffic the routing implies.
-template <class Inter, class Token>
-int run_rank(local_bootstrap& boot, shape s, int per_node, const std::vector<routing>& routes) {
-  const int rank = boot.rank();
-  const grouping g{s.world, per_node};
-  buffer_config cfg;
-  cfg.num_experts = s.experts;
-  cfg.max_hidden = s.hidden;
-  cfg.max_topk = s.topk;
-  cfg.max_tokens_per_rank = s.tokens;
-  hier<Inter, Token> buf(boot, cfg);
-  if (buf.num_nodes() != g.nodes() || buf.ranks_per_node() != per_node) {
-    std::fprintf(stderr, "rank %d: buffer sees %d nodes of %d\n", rank, buf.num_nodes(),
-                 buf.ranks_per_node());
-    return 1;
-  }
+// Token's calls on one rank: a dispatch/combine pair per routing in
+// `routes`, one after the other on `buf`, with a new seed each (every second
+// dispatch with a worst-case bound, so its results are padded); each call is
+// checked against the reference and against the traffic the routing implies.
+template <class Token, class Buffer>
+int run_calls(Buffer& buf, int rank, shape s, const grouping& g,
+              const std::vector<routing>& routes) {
   for (std::size_t call = 0; call < routes.size(); ++call) {
     s.route = routes[call];
     ++s.seed;
     const int bound = call % 2 == 1 ? s.world * s.tokens : 0;
     const int alignment = call % 3 == 2 ? 16 : 1;  // expert_alignment
     const std::string what = test::transport_name(buf.inter_transport()) + " inter, " +
-                             std::to_string(g.nodes()) + " nodes of " + std::to_string(per_node) +
+                             std::to_string(g.nodes()) + " nodes of " + std::to_string(g.per_node) +
                              ", " + test::describe(s, token_traits<Token>::name.data());
     auto fail = [&](const char* phase, const std::string& e) {
       std::fprintf(stderr, "rank %d [%s] %s: %s\n", rank, what.c_str(), phase, e.c_str());
@@ -223,9 +212,10 @@ int run_rank(local_bootstrap& boot, shape s, int per_node, const std::vector<rou
     const auto& mine = all[rank];
 
     const auto t0 = buf.traffic();
-    const auto res = buf.dispatch(
-        {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights},
-        {bound, alignment});
+    const auto res =
+        buf.dispatch(dispatch_input<Token>{s.tokens, s.hidden, s.topk, mine.x, mine.scales,
+                                           mine.topk_idx, mine.topk_weights},
+                     {bound, alignment});
     const auto t1 = buf.traffic();
     if (auto e = test::check_dispatch(s, rank, all, res, -1, alignment); !e.empty())
       return fail("dispatch", e);
@@ -243,7 +233,8 @@ int run_rank(local_bootstrap& boot, shape s, int per_node, const std::vector<rou
       return fail("dispatch traffic", "more fabric bytes than the flat path would move");
 
     const auto y = test::expert_rows(res, s.hidden, rank);
-    const auto out = buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
+    const auto out = buf.combine(
+        combine_input<combine_type_t<Token>>{y, res.recv_topk_weights, {}, {}}, res.handle);
     const auto t2 = buf.traffic();
     if (auto e = test::check_combine(s, mine, out); !e.empty()) return fail("combine", e);
     if (auto e = check_traffic(t1, t2, facts.combine(rank)); !e.empty())
@@ -252,27 +243,47 @@ int run_rank(local_bootstrap& boot, shape s, int per_node, const std::vector<rou
   return 0;
 }
 
+// One rank: one buffer serving every type of Tokens, each type's calls in
+// turn (run_calls), from the same seed.
+template <class Inter, class... Tokens>
+int run_rank(local_bootstrap& boot, const shape& s, int per_node,
+             const std::vector<routing>& routes) {
+  const int rank = boot.rank();
+  const grouping g{s.world, per_node};
+  buffer_config cfg;
+  cfg.num_experts = s.experts;
+  cfg.max_hidden = s.hidden;
+  cfg.max_topk = s.topk;
+  cfg.max_tokens_per_rank = s.tokens;
+  hierarchical_buffer<shm::transport, Inter, Tokens...> buf(boot, cfg);
+  if (buf.num_nodes() != g.nodes() || buf.ranks_per_node() != per_node) {
+    std::fprintf(stderr, "rank %d: buffer sees %d nodes of %d\n", rank, buf.num_nodes(),
+                 buf.ranks_per_node());
+    return 1;
+  }
+  int rc = 0;  // every type's calls run, so that the ranks stay in step
+  ((rc |= run_calls<Tokens>(buf, rank, s, g, routes)), ...);
+  return rc;
+}
+
 template <class Inter, class... Tokens>
 bool run_grouped(const shape& s, int per_node, const std::vector<routing>& routes) {
   local_launch_options opt;
   opt.ranks_per_node = per_node;
   const auto codes = launch_local(
       s.world,
-      [&](local_bootstrap& boot) {
-        int rc = 0;
-        ((rc = rc != 0 ? rc : run_rank<Inter, Tokens>(boot, s, per_node, routes)), ...);
-        return rc;
-      },
+      [&](local_bootstrap& boot) { return run_rank<Inter, Tokens...>(boot, s, per_node, routes); },
       opt);
   return test::all_ok(codes, std::to_string(s.world / per_node) + " nodes of " +
                                  std::to_string(per_node) + ": " +
-                                 test::describe(s, "each listed token type") + ", " +
+                                 test::describe(s, "each listed token type, one buffer") + ", " +
                                  std::to_string(routes.size()) + " routings from the seed up");
 }
 
 // Invalid input on one rank stops every rank before any payload moves (no
 // payload byte on either transport), names the culprit, and leaves the buffer
-// usable; then a bad combine does the same.
+// usable; then a bad combine does the same, and a combine of y in another
+// type on one rank (the buffer serves bf16 and fp32).
 template <class Inter>
 bool bad_input_stops_everyone() {
   const shape s{4, 24, 256, 4, 16, routing::random, 3};
@@ -287,7 +298,7 @@ bool bad_input_stops_everyone() {
           std::fprintf(stderr, "rank %d: %s\n", rank, e.c_str());
           return 1;
         };
-        hier<Inter, bf16> buf(
+        hier<Inter, bf16, float> buf(
             boot, {s.experts, s.hidden, s.topk, s.tokens, 0, std::chrono::milliseconds(20'000)});
         std::vector<test::rank_input<bf16>> all;
         for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<bf16>(s, r));
@@ -321,6 +332,22 @@ bool bad_input_stops_everyone() {
         } catch (const error& e) {
           if (std::string(e.what()).find("y holds") == std::string::npos ||
               (rank != 0 && e.peer() != 0))
+            return fail(std::string("unexpected combine error: ") + e.what());
+        }
+        try {
+          if (rank == 1) {
+            std::vector<float> y32(y.size());
+            std::transform(y.begin(), y.end(), y32.begin(), [](bf16 v) { return to_float(v); });
+            buf.combine(combine_input<float>{y32, res.recv_topk_weights, {}, {}}, res.handle);
+          } else {
+            buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
+          }
+          return fail("y of two element types was accepted");
+        } catch (const error& e) {
+          if (std::string(e.what()).find(
+                  "y's element type fp32 on that rank disagrees with bf16 on rank 0") ==
+                  std::string::npos ||
+              (rank != 1 && e.peer() != 1))
             return fail(std::string("unexpected combine error: ") + e.what());
         }
         const auto out = buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
@@ -420,7 +447,7 @@ bool lost_rank_fails_survivors_fast() {
 
 // The cases every inter transport runs, named after it (`prefix`).
 #define EPCOMM_HIERARCHICAL_SUITE(Inter, prefix)                                                  \
-  TEST_CASE(prefix " 4 ranks as 2 nodes of 2, random routing, every token type") {                \
+  TEST_CASE(prefix " 4 ranks as 2 nodes of 2, random routing, every token type on one buffer") {  \
     CHECK(run_grouped<Inter, bf16, fp8_e4m3, float>({4, 48, 256, 4, 16, routing::random, 1}, 2,   \
                                                     {routing::random, routing::random}));         \
   }                                                                                               \

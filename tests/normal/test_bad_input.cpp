@@ -226,6 +226,60 @@ TEST_CASE("a dispatch from a cached handle: a mismatched or foreign handle, shor
   }
 }
 
+TEST_CASE("one buffer, several token types: a rank that calls with another type fails all") {
+  // Rank 1 dispatches fp8 where the others dispatch bf16; later rank 2
+  // combines fp32 rows where the others combine bf16. Each rank's type is in
+  // its header, so every rank throws naming the odd one out, and the buffer
+  // then serves calls whose types agree.
+  const shape s{3, 16, 128, 2, 6, routing::random, 12};
+  const auto codes = launch_local(s.world, [&](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    buffer<shm::transport, bf16, fp8_e4m3, float> buf(
+        boot, {6, 128, 2, 16, 0, std::chrono::milliseconds(5'000)});
+    const auto b = test::make_input<bf16>(s, rank);
+    const auto f = test::make_input<fp8_e4m3>(s, rank);
+    const auto expect = [&](auto&& call, const char* text, int culprit) {
+      try {
+        call();
+      } catch (const error& e) {
+        return std::string(e.what()).find(text) != std::string::npos &&
+               (rank == culprit || e.peer() == culprit);
+      }
+      return false;
+    };
+    const bool dispatch_refused = expect(
+        [&] {
+          if (rank == 1)
+            buf.dispatch(dispatch_input<fp8_e4m3>{s.tokens, s.hidden, s.topk, f.x, f.scales,
+                                                  f.topk_idx, f.topk_weights});
+          else
+            buf.dispatch(dispatch_input<bf16>{
+                s.tokens, s.hidden, s.topk, b.x, {}, b.topk_idx, b.topk_weights});
+        },
+        "token type fp8_e4m3 on that rank disagrees with bf16 on rank 0", 1);
+    const auto res =
+        buf.dispatch({s.tokens, s.hidden, s.topk, b.x, {}, b.topk_idx, b.topk_weights});
+    const auto y = test::expert_rows(res, s.hidden, rank);
+    std::vector<float> y32(y.size());
+    std::transform(y.begin(), y.end(), y32.begin(), [](bf16 v) { return to_float(v); });
+    const bool combine_refused = expect(
+        [&] {
+          if (rank == 2)
+            buf.combine(combine_input<float>{y32, std::nullopt, {}, {}}, res.handle);
+          else
+            buf.combine(combine_input<bf16>{y, std::nullopt, {}, {}}, res.handle);
+        },
+        "y's element type fp32 on that rank disagrees with bf16 on rank 0", 2);
+    // Agreeing types go through after both verdicts: fp32 everywhere.
+    const auto out = buf.combine(combine_input<float>{y32, std::nullopt, {}, {}}, res.handle);
+    if (!dispatch_refused || !combine_refused ||
+        out.x.size() != static_cast<std::size_t>(s.tokens) * s.hidden)
+      return test::fail_rank(rank, "mixed token types were not refused together");
+    return 0;
+  });
+  CHECK(all_zero(codes));
+}
+
 TEST_CASE("a peer that exits makes the survivors fail fast, not at the deadline") {
   const shape s{3, 16, 128, 2, 6, routing::random, 7};
   const auto start = steady::now();

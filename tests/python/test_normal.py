@@ -94,8 +94,18 @@ def _fp8(rank, world):
     back = [ref.e4m3_to_float(x).nan_to_num(0).clamp(-2, 2).round() for x in xs]
     want = ref.combine(back[rank], ref.destinations(world, EXPERTS, idxs[rank]), lambda r: 1)
     assert torch.equal(combined.float(), want)
-    # The same Buffer then serves bf16.
+    # fp8 rows combine in bf16, as in DeepEP: fp32 y is refused on every rank
+    # (each passes it), before anything moves.
+    try:
+        buf.combine(y.float(), handle)
+        raise AssertionError("fp32 y accepted for an fp8 dispatch")
+    except epcomm.Error as e:
+        assert e.rank == rank and e.op == "combine", str(e)
+        assert "this buffer serves bf16, not fp32" in str(e), str(e)
+    # The same Buffer then serves bf16, from the engine that served fp8: one
+    # set of regions for DeepEP's two token types.
     _round_trip(buf, rank, world, torch.bfloat16, 8, "random", 4)
+    assert len(buf._normal) == 1
 
 
 def test_fp8_and_bf16_on_one_buffer():

@@ -228,6 +228,56 @@ TEST_CASE_TEMPLATE_DEFINE("a dispatch from a cached handle, after another routin
   CHECK(test::all_ok(codes, "cached dispatch"));
 }
 
+TEST_CASE_TEMPLATE_DEFINE("one buffer serves bf16, fp8 and fp32 calls in any order", T,
+                          dc_token_types) {
+  using namespace epcomm;
+  using test::routing;
+  EPCOMM_SUITE_CONTEXT(T);
+  // DeepEP's Buffer takes each call's dtype from its tensors: one layer
+  // dispatches bf16, the next fp8, a backward pass sends fp32 rows along an
+  // fp8 dispatch's routing. One set of regions (sized for fp32 rows and fp8
+  // scales) carries all of them; odd ranks write into the send buffers,
+  // whose views each call takes in its own type.
+  const auto codes = launch_local(3, [](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    buffer<T, bf16, fp8_e4m3, float> buf(boot, test::handle_case_config(256));
+    test::case_options opt;
+    opt.dispatch_in_place = test::in_place::odd_ranks;
+    opt.combine_in_place = test::in_place::odd_ranks;
+    int bad = 0;  // a failed round still takes part in the next: the ranks stay in step
+    for (std::uint64_t round = 0; round < 2; ++round) {
+      bad |= test::check_round<fp8_e4m3>(buf, rank,
+                                         {3, 40, 256, 4, 12, routing::random, 71 + round}, opt);
+      bad |= test::check_round<float>(buf, rank, {3, 33, 200, 3, 12, routing::uneven, 73 + round},
+                                      opt);
+      bad |= test::check_round<bf16>(buf, rank,
+                                     {3, 40, 256, 4, 12, routing::duplicate_rank, 75 + round}, opt);
+    }
+    if (bad) return bad;
+    const test::shape kept{3, 37, 256, 4, 12, routing::random, 77u};
+    const auto a = test::make_input<fp8_e4m3>(kept, rank);
+    const dispatch_handle h =
+        buf.dispatch(dispatch_input<fp8_e4m3>{kept.tokens, kept.hidden, kept.topk, a.x, a.scales,
+                                              a.topk_idx, a.topk_weights})
+            .handle;
+    std::vector<test::rank_input<float>> all;
+    for (int r = 0; r < 3; ++r) all.push_back(test::make_input<float>(kept, r));
+    const auto res = buf.dispatch(cached_dispatch_input<float>{all[rank].x, {}}, h);
+    const std::size_t hidden = kept.hidden;
+    for (int s = 0; s < 3; ++s)
+      for (int i = 0; i < h.sent(s, rank); ++i) {
+        const std::size_t row = h.recv_offset(s, rank) + i, t = res.recv_src_idx[row];
+        if (!std::equal(&all[s].x[t * hidden], &all[s].x[(t + 1) * hidden],
+                        &res.recv_x[row * hidden]))
+          return test::fail_rank(rank, "fp32 row " + std::to_string(row) +
+                                           " along an fp8 handle is not token " +
+                                           std::to_string(t) + " of rank " + std::to_string(s));
+      }
+    return 0;
+  });
+  CHECK(test::all_ok(codes, "one buffer, every token type"));
+}
+
 TEST_CASE_TEMPLATE_DEFINE(
     "tokens from dispatch_send_buffer, expert rows from combine_send_buffer, some ranks or all", T,
     dc_in_place) {
@@ -281,5 +331,6 @@ TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks: built over shm, refused on every ran
   TEST_CASE_TEMPLATE_INVOKE(dc_alignment, T);       \
   TEST_CASE_TEMPLATE_INVOKE(dc_live_handles, T);    \
   TEST_CASE_TEMPLATE_INVOKE(dc_cached_dispatch, T); \
+  TEST_CASE_TEMPLATE_INVOKE(dc_token_types, T);     \
   TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T);        \
   TEST_CASE_TEMPLATE_INVOKE(dc_mask_option, T)

@@ -45,51 +45,60 @@ std::string transport_name(const Transport& t) {
     return "shm";
 }
 
+// One dispatch and combine of Token's rows on `buf`, a buffer that serves
+// Token (alone or among others), checked against the reference: 0, or 1
+// after printing what differs.
+template <token_type Token, class Buffer>
+int check_round(Buffer& buf, int rank, const shape& s, const case_options& opt) {
+  using out_t = combine_type_t<Token>;
+  std::vector<rank_input<Token>> all;
+  for (int r = 0; r < s.world; ++r) all.push_back(make_input<Token>(s, r));
+  const auto& mine = all[rank];
+  dispatch_input<Token> in{s.tokens,    s.hidden,      s.topk,           mine.x,
+                           mine.scales, mine.topk_idx, mine.topk_weights};
+  if (applies(opt.dispatch_in_place, rank)) {
+    const auto at = buf.template dispatch_send_buffer<Token>(s.tokens, s.hidden);
+    std::copy(mine.x.begin(), mine.x.end(), at.begin());
+    in.x = at;
+  }
+  const auto res = buf.dispatch(in, {opt.worst_case_recv_tokens, opt.expert_alignment});
+  const std::string what =
+      transport_name(buf.transport()) + " " + describe(s, token_traits<Token>::name.data());
+  if (opt.worst_case_recv_tokens > 0 &&
+      res.recv_x.size() != static_cast<std::size_t>(opt.worst_case_recv_tokens) * s.hidden) {
+    std::fprintf(stderr, "rank %d [%s]: result not padded to the bound\n", rank, what.c_str());
+    return 1;
+  }
+  if (auto e = check_dispatch(s, rank, all, res, -1, opt.expert_alignment); !e.empty()) {
+    std::fprintf(stderr, "rank %d [%s] dispatch: %s\n", rank, what.c_str(), e.c_str());
+    return 1;
+  }
+  const auto y = expert_rows(res, s.hidden, rank);
+  std::span<const out_t> rows = y;
+  if (applies(opt.combine_in_place, rank)) {
+    const auto at = buf.template combine_send_buffer<out_t>(res.handle);
+    std::copy(y.begin(), y.end(), at.begin());
+    rows = at;
+  }
+  const auto out =
+      buf.combine(combine_input<out_t>{rows, res.recv_topk_weights, {}, {}}, res.handle);
+  if (auto e = check_combine(s, mine, out); !e.empty()) {
+    std::fprintf(stderr, "rank %d [%s] %s\n", rank, what.c_str(), e.c_str());
+    return 1;
+  }
+  return 0;
+}
+
 template <class Transport, token_type Token>
 int run_rank(local_bootstrap& boot, shape s, const case_options& opt) {
-  const int rank = boot.rank();
   buffer_config cfg;
   cfg.num_experts = s.experts;
   cfg.max_hidden = s.hidden;
   cfg.max_topk = s.topk;
   cfg.max_tokens_per_rank = s.tokens;
   buffer<Transport, Token> buf(boot, cfg);
-  for (int it = 0; it < opt.iterations; ++it, ++s.seed) {
-    std::vector<rank_input<Token>> all;
-    for (int r = 0; r < s.world; ++r) all.push_back(make_input<Token>(s, r));
-    const auto& mine = all[rank];
-    dispatch_input<Token> in{s.tokens,    s.hidden,      s.topk,           mine.x,
-                             mine.scales, mine.topk_idx, mine.topk_weights};
-    if (applies(opt.dispatch_in_place, rank)) {
-      const auto at = buf.dispatch_send_buffer(s.tokens, s.hidden);
-      std::copy(mine.x.begin(), mine.x.end(), at.begin());
-      in.x = at;
-    }
-    const auto res = buf.dispatch(in, {opt.worst_case_recv_tokens, opt.expert_alignment});
-    const std::string what =
-        transport_name(buf.transport()) + " " + describe(s, token_traits<Token>::name.data());
-    if (opt.worst_case_recv_tokens > 0 &&
-        res.recv_x.size() != static_cast<std::size_t>(opt.worst_case_recv_tokens) * s.hidden) {
-      std::fprintf(stderr, "rank %d [%s]: result not padded to the bound\n", rank, what.c_str());
-      return 1;
-    }
-    if (auto e = check_dispatch(s, rank, all, res, -1, opt.expert_alignment); !e.empty()) {
-      std::fprintf(stderr, "rank %d [%s] dispatch: %s\n", rank, what.c_str(), e.c_str());
-      return 1;
-    }
-    const auto y = expert_rows(res, s.hidden, rank);
-    std::span<const typename buffer<Transport, Token>::combine_t> rows = y;
-    if (applies(opt.combine_in_place, rank)) {
-      const auto at = buf.combine_send_buffer(res.handle);
-      std::copy(y.begin(), y.end(), at.begin());
-      rows = at;
-    }
-    const auto out = buf.combine({rows, res.recv_topk_weights, {}, {}}, res.handle);
-    if (auto e = check_combine(s, mine, out); !e.empty()) {
-      std::fprintf(stderr, "rank %d [%s] %s\n", rank, what.c_str(), e.c_str());
-      return 1;
-    }
-  }
+  for (int it = 0; it < opt.iterations; ++it, ++s.seed)
+    if (int bad = check_round<Token>(buf, boot.rank(), s, opt)) return bad;
   return 0;
 }
 

@@ -202,4 +202,24 @@ concept token_type = std::is_trivially_copyable_v<T> && requires(const T& t) {
 template <token_type Token>
 using combine_type_t = std::conditional_t<std::is_same_v<Token, fp8_e4m3>, bf16, Token>;
 
+// The name of the token type whose token_traits id is `id`: how an error
+// names a peer's type, which arrives as its wire id.
+inline constexpr std::string_view token_type_name(std::int64_t id) {
+  switch (id) {
+    case token_traits<float>::id:
+      return token_traits<float>::name;
+    case token_traits<bf16>::id:
+      return token_traits<bf16>::name;
+    case token_traits<fp8_e4m3>::id:
+      return token_traits<fp8_e4m3>::name;
+  }
+  return "unknown";
+}
+
+// T is one of the types a buffer serves (its dispatch tokens, or their
+// combine types): how a buffer built for several token types takes each
+// call's type from its arguments.
+template <class T, class... Served>
+concept one_of = (std::same_as<T, Served> || ...);
+
 }  // namespace epcomm

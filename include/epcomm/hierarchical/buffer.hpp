@@ -1,5 +1,6 @@
 // epcomm::hierarchical_buffer: normal-mode dispatch and combine over several
-// nodes, templated on two transports and the token type. Ranks form nodes of
+// nodes, templated on two transports and the token types it serves (one
+// set of regions for all, as the flat buffer: see normal/buffer.hpp). Ranks form nodes of
 // L consecutive ranks (the bootstrap's local_world_size); a rank's node is
 // served by Intra (peer-mapped, the host engine storing through peer_ptr:
 // shm) and its rail, the ranks with its local index on every node, by Inter
@@ -39,6 +40,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -68,8 +71,8 @@ struct hierarchical_traffic {
   group_traffic inter;  // by node index of the rail's rank sent to
 };
 
-template <class Intra, class Inter, token_type Token>
-requires peer_mapped_transport<Intra> &&
+template <class Intra, class Inter, token_type... Tokens>
+requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     (peer_mapped_transport<Inter> || has_completion_count<Inter>)class hierarchical_buffer {
   static constexpr bool inter_mapped = peer_mapped_transport<Inter>;
   using node_signal = wire::hier::node_signal;
@@ -77,8 +80,9 @@ requires peer_mapped_transport<Intra> &&
   using kind = detail::traffic_kind;
 
  public:
-  using token = Token;
-  using combine_t = combine_type_t<Token>;
+  // What a call in braces means when not told a type.
+  using first_token = std::tuple_element_t<0, std::tuple<Tokens...>>;
+  using first_combine = combine_type_t<first_token>;
 
   // Collective: every rank of `boot` constructs its buffer with the same
   // config. Nodes are the bootstrap's local groups, which must be equally
@@ -90,7 +94,7 @@ requires peer_mapped_transport<Intra> &&
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
-        cap_(agree_capacity<Token>(boot, cfg, setup_timeout_of(cfg))),
+        cap_(agree_capacity<Tokens...>(boot, cfg, setup_timeout_of(cfg))),
         per_node_(agreed_node_size(boot, setup_timeout_of(cfg))),
         nodes_(world_ / per_node_),
         node_(rank_ / per_node_),
@@ -128,6 +132,7 @@ requires peer_mapped_transport<Intra> &&
   Inter& inter_transport() { return inter_.transport(); }
   hierarchical_traffic traffic() const { return {intra_.traffic(), inter_.traffic()}; }
 
+  template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
                                   const dispatch_options& opt = {}) {
     ensure_usable("dispatch");
@@ -151,7 +156,7 @@ requires peer_mapped_transport<Intra> &&
     guarded([&] {
       inject(fault::point::mid_dispatch, "dispatch");
       relay_rows(in, lay, dl);
-      store_rows(rank_, in.num_tokens, own_rows(in), res.handle);
+      store_rows<Token>(rank_, in.num_tokens, own_rows(in), res.handle);
       for (int m = 0; m < nodes_; ++m)
         if (m != node_)
           inter_.wait(rail_slot(rail_signal::data, m), epoch, dl, "dispatch", m,
@@ -159,7 +164,8 @@ requires peer_mapped_transport<Intra> &&
       for (int m = 0; m < nodes_; ++m) {
         if (m == node_) continue;
         const int source = m * per_node_ + local_;
-        store_rows(source, records[source].tokens_per_node[node_], relayed_rows(m, in), res.handle);
+        store_rows<Token>(source, records[source].tokens_per_node[node_], relayed_rows(m, in),
+                          res.handle);
       }
       for (int i = 0; i < per_node_; ++i)
         if (i != local_) intra_.signal(i, node_slot(node_signal::data, local_), dl);
@@ -170,11 +176,17 @@ requires peer_mapped_transport<Intra> &&
     fill_result(res, in, opt, records);
     return res;
   }
+  dispatch_result<first_token> dispatch(const dispatch_input<first_token>& in,
+                                        const dispatch_options& opt = {}) {
+    return dispatch<first_token>(in, opt);
+  }
 
   // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given)
-  // without allocating results.
-  void combine(const combine_input<combine_t>& in, const dispatch_handle& h,
-               std::span<combine_t> out_x, std::span<float> out_weights = {}) {
+  // without allocating results. Out is y's element type: any served token's
+  // combine type.
+  template <one_of<combine_type_t<Tokens>...> Out>
+  void combine(const combine_input<Out>& in, const dispatch_handle& h,
+               std::type_identity_t<std::span<Out>> out_x, std::span<float> out_weights = {}) {
     ensure_usable("combine");
     const std::uint64_t epoch = ++combine_epoch_;
     const deadline dl = deadline::after(timeout_);
@@ -183,7 +195,7 @@ requires peer_mapped_transport<Intra> &&
     std::vector<node_tokens> reach;
     if (cause.empty()) reach = tokens_by_node(h);
 
-    guarded([&] { gather_status(cause, weights, reach, epoch, dl); });
+    guarded([&] { gather_status(cause, token_traits<Out>::id, weights, reach, epoch, dl); });
     settle_on_failure([&] { check_status(epoch); }, node_signal::combine_staged,
                       rail_signal::combine_partial, epoch, dl, "combine");
     guarded([&] {
@@ -195,7 +207,7 @@ requires peer_mapped_transport<Intra> &&
         if (i != local_)
           intra_.wait(node_slot(node_signal::combine_staged, i), epoch, dl, "combine", i,
                       "rows to reduce");
-      reduce_for_rail(h, reach[node_], weights, dl);
+      reduce_for_rail<Out>(h, reach[node_], weights, dl);
       for (int m = 0; m < nodes_; ++m)
         if (m != node_)
           inter_.wait(rail_slot(rail_signal::combine_partial, m), epoch, dl, "combine", m,
@@ -204,12 +216,22 @@ requires peer_mapped_transport<Intra> &&
     finish(in, h, reach, out_x, out_weights);
   }
 
-  combine_result<combine_t> combine(const combine_input<combine_t>& in, const dispatch_handle& h) {
-    combine_result<combine_t> out;
+  void combine(const combine_input<first_combine>& in, const dispatch_handle& h,
+               std::span<first_combine> out_x, std::span<float> out_weights = {}) {
+    combine<first_combine>(in, h, out_x, out_weights);
+  }
+
+  template <one_of<combine_type_t<Tokens>...> Out>
+  combine_result<Out> combine(const combine_input<Out>& in, const dispatch_handle& h) {
+    combine_result<Out> out;
     out.x.resize(static_cast<std::size_t>(h.num_tokens) * h.hidden);
     if (in.topk_weights) out.topk_weights.resize(static_cast<std::size_t>(h.num_tokens) * h.topk);
-    combine(in, h, out.x, out.topk_weights);
+    combine<Out>(in, h, out.x, out.topk_weights);
     return out;
+  }
+  combine_result<first_combine> combine(const combine_input<first_combine>& in,
+                                        const dispatch_handle& h) {
+    return combine<first_combine>(in, h);
   }
 
  private:
@@ -229,6 +251,7 @@ requires peer_mapped_transport<Intra> &&
   };
 
   // What a node rank stores for one token row: where its fields are.
+  template <class Token>
   struct row_ref {
     const Token* x;
     const float* scales;
@@ -327,6 +350,7 @@ requires peer_mapped_transport<Intra> &&
 
   // ---- dispatch ----------------------------------------------------------
 
+  template <class Token>
   std::string validate(const dispatch_input<Token>& in, const dispatch_options& opt) const {
     const auto t = static_cast<std::size_t>(std::max(in.num_tokens, 0));
     const auto h = static_cast<std::size_t>(std::max(in.hidden, 0));
@@ -369,6 +393,7 @@ requires peer_mapped_transport<Intra> &&
   // Hop 1 puts this rank's record to every rank of its rail; hop 2 copies
   // the rail's N records to every rank of the node. Then every rank holds
   // every rank's record, in its node buffer's slot for that rank.
+  template <class Token>
   void gather_notify(const dispatch_input<Token>& in, const dispatch_options& opt,
                      const layout& lay, const std::string& cause, std::uint64_t epoch,
                      const deadline& dl) {
@@ -407,6 +432,7 @@ requires peer_mapped_transport<Intra> &&
         intra_.wait(node_slot(node_signal::notify, i), epoch, dl, "dispatch", i, "notify records");
   }
 
+  template <class Token>
   void write_record(std::byte* at, const dispatch_input<Token>& in, const dispatch_options& opt,
                     const layout& lay, const std::string& cause, std::uint64_t epoch) const {
     wire::notify_header hdr{};
@@ -450,6 +476,7 @@ requires peer_mapped_transport<Intra> &&
   // token, scales, global ids, weights and source index (the forwarder
   // rewrites ids per final rank). Each destination gets one transfer per
   // array, the last carrying the data signal, or the signal alone.
+  template <class Token>
   void relay_rows(const dispatch_input<Token>& in, const layout& lay, const deadline& dl) {
     inter_.quiet(dl);
     const std::size_t hidden = in.hidden;
@@ -509,18 +536,20 @@ requires peer_mapped_transport<Intra> &&
 
   // This rank's own tokens as rows to store (those that reach no rank of
   // this node are skipped by store_rows).
+  template <class Token>
   auto own_rows(const dispatch_input<Token>& in) const {
     const std::size_t hidden = in.hidden, k = in.topk;
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
     return [&in, hidden, k, nscales](int t) {
       const std::size_t i = t;
-      return row_ref{
+      return row_ref<Token>{
           in.x.data() + i * hidden, nscales != 0 ? in.x_scales.data() + i * nscales : nullptr,
           in.topk_idx.data() + i * k, in.topk_weights.data() + i * k, static_cast<std::int32_t>(t)};
     };
   }
 
   // The rows relayed here by node m's rank of this rail.
+  template <class Token>
   auto relayed_rows(int m, const dispatch_input<Token>& in) {
     const std::size_t hidden = in.hidden, k = in.topk;
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
@@ -533,8 +562,8 @@ requires peer_mapped_transport<Intra> &&
     const auto* src = reinterpret_cast<const std::int32_t*>(inter_.local(rail_plan_.relay_src_idx));
     return [=](int r) {
       const std::size_t row = block + r;
-      return row_ref{x + row * hidden, nscales != 0 ? scales + row * nscales : nullptr,
-                     idx + row * k, weights + row * k, src[row]};
+      return row_ref<Token>{x + row * hidden, nscales != 0 ? scales + row * nscales : nullptr,
+                            idx + row * k, weights + row * k, src[row]};
     };
   }
 
@@ -543,7 +572,7 @@ requires peer_mapped_transport<Intra> &&
   // buffer's offsets: after the rows of lower sources, in token order. The
   // counts every rank announced say how many rows each rank gets; rows that
   // disagree with them are a protocol error, never a write out of bounds.
-  template <class Rows>
+  template <class Token, class Rows>
   void store_rows(int source, int count, Rows&& row, const dispatch_handle& h) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
@@ -571,7 +600,7 @@ requires peer_mapped_transport<Intra> &&
                h.sent(source, d)};
     }
     for (int r = 0; r < count; ++r) {
-      const row_ref in = row(r);
+      const row_ref<Token> in = row(r);
       for (int i = 0; i < per_node_; ++i) {
         const int d = node_ * per_node_ + i;
         bool reached = false;
@@ -606,6 +635,7 @@ requires peer_mapped_transport<Intra> &&
     }
   }
 
+  template <class Token>
   void fill_result(dispatch_result<Token>& res, const dispatch_input<Token>& in,
                    const dispatch_options& opt, const std::vector<record>& all) {
     const int n = res.handle.num_recv_tokens;
@@ -639,8 +669,9 @@ requires peer_mapped_transport<Intra> &&
 
   // ---- combine -----------------------------------------------------------
 
-  std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,
-                       std::span<combine_t> out_x, std::span<float> out_weights) const {
+  template <class Out>
+  std::string validate(const combine_input<Out>& in, const dispatch_handle& h, std::span<Out> out_x,
+                       std::span<float> out_weights) const {
     const auto n = [](long long v) { return std::to_string(v); };
     if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
                                 cap_.max_topk);
@@ -692,7 +723,7 @@ requires peer_mapped_transport<Intra> &&
   // Hop 1 puts this rank's status, with the masks of its tokens that reached
   // each node, to that node's rank of the rail; hop 2 copies the rail's
   // statuses to the node, so every rank judges all R statuses.
-  void gather_status(const std::string& cause, bool with_weights,
+  void gather_status(const std::string& cause, std::int32_t out_id, bool with_weights,
                      const std::vector<node_tokens>& reach, std::uint64_t epoch,
                      const deadline& dl) {
     inter_.quiet(dl);
@@ -700,6 +731,7 @@ requires peer_mapped_transport<Intra> &&
     hdr.epoch = epoch;
     hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
     hdr.with_weights = with_weights ? 1 : 0;
+    hdr.out_id = out_id;
     std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
     const std::size_t slot_bytes = rail_plan_.status_slot_bytes;
     const std::size_t there = rail_plan_.status + node_ * slot_bytes;
@@ -755,11 +787,11 @@ requires peer_mapped_transport<Intra> &&
   }
 
   // y's rows, in receive order, where the ranks of this node read them.
-  void stage_y(const combine_input<combine_t>& in, const dispatch_handle& h) {
+  template <class Out>
+  void stage_y(const combine_input<Out>& in, const dispatch_handle& h) {
     const std::size_t rows = h.num_recv_tokens;
     if (rows == 0) return;
-    std::memcpy(intra_.local(node_plan_.staged_y), in.y.data(),
-                rows * h.hidden * sizeof(combine_t));
+    std::memcpy(intra_.local(node_plan_.staged_y), in.y.data(), rows * h.hidden * sizeof(Out));
     if (in.topk_weights)
       std::memcpy(intra_.local(node_plan_.staged_weights), in.topk_weights->data(),
                   rows * h.topk * sizeof(float));
@@ -769,6 +801,7 @@ requires peer_mapped_transport<Intra> &&
   // this node, of the rows this node's ranks computed for it (in rank order).
   // This rank's own sums stay here; the others go back to their source in one
   // transfer per array.
+  template <class Out>
   void reduce_for_rail(const dispatch_handle& h, const node_tokens& own, bool with_weights,
                        const deadline& dl) {
     inter_.quiet(dl);
@@ -814,7 +847,7 @@ requires peer_mapped_transport<Intra> &&
             inter_.outgoing(m, rail_plan_.partial_weights + block * k * sizeof(float),
                             rail_plan_.send_partial_weights + first * k * sizeof(float)));
       }
-      reduce_source(h, source, count, masks, words, with_weights, x, w);
+      reduce_source<Out>(h, source, count, masks, words, with_weights, x, w);
       if (m == node_) continue;
       const std::size_t x_bytes = count * hidden * sizeof(float);
       const std::size_t w_bytes = count * k * sizeof(float);
@@ -835,22 +868,22 @@ requires peer_mapped_transport<Intra> &&
   // The partial sums of one source's `count` tokens that reached this node,
   // read from the staged y of each rank the token reached. Positions follow
   // dispatch: a rank's rows from `source` are in the source's token order.
+  template <class Out>
   void reduce_source(const dispatch_handle& h, int source, std::size_t count,
                      const std::uint64_t* masks, int words, bool with_weights, float* x, float* w) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
-    std::vector<const combine_t*> y(per_node_);
+    std::vector<const Out*> y(per_node_);
     std::vector<const float*> yw(per_node_);
     std::vector<int> next(per_node_), rows(per_node_);
     for (int i = 0; i < per_node_; ++i) {
       const int d = node_ * per_node_ + i;
       const std::size_t first = h.recv_offset(source, d);
-      y[i] =
-          reinterpret_cast<const combine_t*>(intra_.peer(i, node_plan_.staged_y)) + first * hidden;
+      y[i] = reinterpret_cast<const Out*>(intra_.peer(i, node_plan_.staged_y)) + first * hidden;
       yw[i] = reinterpret_cast<const float*>(intra_.peer(i, node_plan_.staged_weights)) + first * k;
       rows[i] = h.sent(source, d);
     }
-    std::vector<const combine_t*> srcs;
+    std::vector<const Out*> srcs;
     srcs.reserve(static_cast<std::size_t>(per_node_));
     for (std::size_t r = 0; r < count; ++r) {
       if (with_weights) std::fill_n(w + r * k, k, 0.0f);
@@ -866,10 +899,9 @@ requires peer_mapped_transport<Intra> &&
         if (with_weights)
           for (std::size_t j = 0; j < k; ++j) w[r * k + j] += yw[i][row * k + j];
       }
-      reduce_token<float, combine_t>(x + r * hidden, hidden, srcs);
+      reduce_token<float, Out>(x + r * hidden, hidden, srcs);
     }
-    const std::size_t row_bytes =
-        hidden * sizeof(combine_t) + (with_weights ? k * sizeof(float) : 0);
+    const std::size_t row_bytes = hidden * sizeof(Out) + (with_weights ? k * sizeof(float) : 0);
     for (int i = 0; i < per_node_; ++i) {
       if (next[i] != rows[i])
         throw error(rank_, "combine", source,
@@ -881,8 +913,9 @@ requires peer_mapped_transport<Intra> &&
 
   // out = bias_0 + bias_1 + the partial sums of each node the token reached,
   // in node order, all in fp32, rounded once to the output type.
-  void finish(const combine_input<combine_t>& in, const dispatch_handle& h,
-              const std::vector<node_tokens>& reach, std::span<combine_t> out_x,
+  template <class Out>
+  void finish(const combine_input<Out>& in, const dispatch_handle& h,
+              const std::vector<node_tokens>& reach, std::span<Out> out_x,
               std::span<float> out_weights) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
@@ -904,9 +937,8 @@ requires peer_mapped_transport<Intra> &&
         if (!out_weights.empty())
           for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += pw[row * k + j];
       }
-      reduce_token<combine_t, float>(out_x.data() + at, hidden, srcs,
-                                     bias_row(in.bias_0, t, hidden),
-                                     bias_row(in.bias_1, t, hidden));
+      reduce_token<Out, float>(out_x.data() + at, hidden, srcs, bias_row(in.bias_0, t, hidden),
+                               bias_row(in.bias_1, t, hidden));
     }
   }
 

@@ -1,5 +1,5 @@
 // epcomm::buffer: normal-mode dispatch and combine, templated on the transport
-// and the token type. This is the host engine: the calling thread is the
+// and the token types it serves. This is the host engine: the calling thread is the
 // producer. Over a peer-mapped transport it stores rows straight into peers'
 // buffers; over an RMA transport it stages them in its own registered buffer
 // (wire::region_plan's send_* regions) and pushes the descriptors of
@@ -17,6 +17,13 @@
 //   combine   ready: every rank posts its status and that its combine region is
 //             free; rows go back in one block per (rank, source); the source
 //             reduces in fp32.
+//
+// Token types: buffer<T, bf16> serves bf16 calls; buffer<T, bf16, fp8_e4m3,
+// float> serves all three from one set of regions, sized for the widest
+// (rows of the largest element, scales if any type has them), each call's
+// type taken from its arguments. A call's type is in its notify header and
+// y's in its combine header, so ranks that disagree fail together. An
+// argument list in braces means the first type: it has no type to deduce.
 //
 // mask_lost_ranks (peer-mapped transports that tell a peer's exit): a peer
 // whose process exited is marked lost and calls go on without it. Receive
@@ -38,6 +45,8 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -61,9 +70,9 @@
 
 namespace epcomm {
 
-template <transport Transport, token_type Token>
-requires peer_mapped_transport<Transport> || has_completion_count<Transport>
-class buffer {
+template <transport Transport, token_type... Tokens>
+requires(sizeof...(Tokens) >= 1) &&
+    (peer_mapped_transport<Transport> || has_completion_count<Transport>)class buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
   static constexpr bool via_proxy = host_link<Transport>::via_proxy;
   // Masking needs every byte to a peer stored by this rank (no proxy holding
@@ -71,8 +80,10 @@ class buffer {
   static constexpr bool can_mask_lost_ranks = !via_proxy && has_peer_exit<Transport>;
 
  public:
-  using token = Token;
-  using combine_t = combine_type_t<Token>;
+  // What a call in braces, dispatch_send_buffer and combine_send_buffer mean
+  // when not told a type.
+  using first_token = std::tuple_element_t<0, std::tuple<Tokens...>>;
+  using first_combine = combine_type_t<first_token>;
 
   // Collective: every rank of `boot` constructs its buffer with the same config.
   template <bootstrap B>
@@ -80,7 +91,7 @@ class buffer {
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
-        cap_(agree_capacity<Token>(boot, cfg, setup_timeout_of(cfg), can_mask_lost_ranks)),
+        cap_(agree_capacity<Tokens...>(boot, cfg, setup_timeout_of(cfg), can_mask_lost_ranks)),
         plan_(wire::plan_regions(cap_, via_proxy, !via_proxy)),
         link_([&] {
           return Transport(boot, plan_.total, wire::signal_slots(world_),
@@ -119,6 +130,7 @@ class buffer {
   // dispatch stores rows into the peers' buffers from wherever x is, and this
   // is plain memory of the buffer's. Only the caller writes it; dispatch
   // returns once nothing reads it any more.
+  template <one_of<Tokens...> Token = first_token>
   std::span<Token> dispatch_send_buffer(int num_tokens, int hidden) {
     if (num_tokens < 0 || num_tokens > cap_.max_tokens_per_rank || hidden < 1 ||
         hidden > cap_.max_hidden)
@@ -128,10 +140,14 @@ class buffer {
                       std::to_string(cap_.max_tokens_per_rank) +
                       " tokens of hidden <= " + std::to_string(cap_.max_hidden));
     if constexpr (!via_proxy)
-      send_tokens_.resize(static_cast<std::size_t>(cap_.max_tokens_per_rank) * cap_.max_hidden);
-    return {dispatch_send_area(), static_cast<std::size_t>(num_tokens) * hidden};
+      send_tokens_.resize(
+          (static_cast<std::size_t>(cap_.max_tokens_per_rank) * cap_.max_hidden * cap_.token_bytes +
+           sizeof(float) - 1) /
+          sizeof(float));
+    return {dispatch_send_area<Token>(), static_cast<std::size_t>(num_tokens) * hidden};
   }
 
+  template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
                                   const dispatch_options& opt = {}) {
     ensure_usable("dispatch");
@@ -144,7 +160,8 @@ class buffer {
     std::vector<bool> members(world_);
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      wire::notify_header hdr = notify_header_of(cause, epoch, in.num_tokens, in.hidden, in.topk);
+      wire::notify_header hdr =
+          notify_header_of<Token>(cause, epoch, in.num_tokens, in.hidden, in.topk);
       hdr.recv_bound = opt.worst_case_recv_tokens;
       post_notify(hdr, &lay, epoch, dl);
       for (int s = 0; s < world_; ++s)
@@ -172,6 +189,10 @@ class buffer {
     fill_result(res, in, opt, peers, rows_came);
     return res;
   }
+  dispatch_result<first_token> dispatch(const dispatch_input<first_token>& in,
+                                        const dispatch_options& opt = {}) {
+    return dispatch<first_token>(in, opt);
+  }
 
   // DeepEP's dispatch(handle=...): new rows along the routing of the dispatch
   // that returned `h` (a backward pass's gradients, the next micro-step's
@@ -181,6 +202,7 @@ class buffer {
   // The result holds recv_x (recv_x_scales for fp8) and recv_src_idx in the
   // handle's receive order, and `h` as its handle; no top-k ids, weights or
   // per-expert counts (the handle's dispatch returned those).
+  template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const cached_dispatch_input<Token>& in,
                                   const dispatch_handle& h) {
     ensure_usable("dispatch");
@@ -192,7 +214,7 @@ class buffer {
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
       wire::notify_header hdr =
-          notify_header_of(cause, epoch, ok ? h.num_tokens : 0, ok ? h.hidden : 0, 0);
+          notify_header_of<Token>(cause, epoch, ok ? h.num_tokens : 0, ok ? h.hidden : 0, 0);
       hdr.routing = ok ? routing_fingerprint(h.count_matrix.data(), world_) : 0;
       post_notify(hdr, nullptr, epoch, dl);
       for (int s = 0; s < world_; ++s)
@@ -225,6 +247,10 @@ class buffer {
     res.num_recv_tokens_per_expert.clear();
     return res;
   }
+  dispatch_result<first_token> dispatch(const cached_dispatch_input<first_token>& in,
+                                        const dispatch_handle& h) {
+    return dispatch<first_token>(in, h);
+  }
 
   // Where the expert outputs for `h` can be written ([num_recv_tokens][hidden],
   // receive order) so that a combine given exactly this span as y copies
@@ -233,18 +259,21 @@ class buffer {
   // source has read them; over an RMA transport the rows are put from where
   // they are (the staging area) instead of being staged first. Either way the
   // rows must stay untouched until that combine returns.
-  std::span<combine_t> combine_send_buffer(const dispatch_handle& h) {
+  template <one_of<combine_type_t<Tokens>...> Out = first_combine>
+  std::span<Out> combine_send_buffer(const dispatch_handle& h) {
     if (h.world_size != world_ || h.rank != rank_ || h.hidden < 1 || h.hidden > cap_.max_hidden ||
         h.num_recv_tokens < 0 || h.num_recv_tokens > cap_.max_recv_tokens)
       throw error(rank_, "combine_send_buffer", no_peer,
                   "invalid input: the handle does not come from this buffer's dispatch");
-    return {combine_y(), static_cast<std::size_t>(h.num_recv_tokens) * h.hidden};
+    return {combine_y<Out>(), static_cast<std::size_t>(h.num_recv_tokens) * h.hidden};
   }
 
   // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given)
-  // without allocating.
-  void combine(const combine_input<combine_t>& in, const dispatch_handle& h,
-               std::span<combine_t> out_x, std::span<float> out_weights = {}) {
+  // without allocating. Out is y's element type: any of the served tokens'
+  // combine types, whatever type the handle's dispatch moved.
+  template <one_of<combine_type_t<Tokens>...> Out>
+  void combine(const combine_input<Out>& in, const dispatch_handle& h,
+               std::type_identity_t<std::span<Out>> out_x, std::span<float> out_weights = {}) {
     ensure_usable("combine");
     const std::uint64_t epoch = ++combine_epoch_;
     const deadline dl = deadline::after(timeout_);
@@ -254,7 +283,8 @@ class buffer {
     std::vector<bool> members(world_);
     guarded([&] {
       // Over RMA the rows are pushed either way: sources need not know.
-      post_combine_status(cause, in.topk_weights.has_value(), in_place && !via_proxy, epoch, dl);
+      post_combine_status(cause, token_traits<Out>::id, in.topk_weights.has_value(),
+                          in_place && !via_proxy, epoch, dl);
       for (int s = 0; s < world_; ++s)
         members[s] = await_round(wire::signal_kind::combine_ready, s, epoch, dl,
                                  {"combine", s, "combine readiness"});
@@ -280,12 +310,22 @@ class buffer {
       release_in_place_rows(status, in_place, dl);
   }
 
-  combine_result<combine_t> combine(const combine_input<combine_t>& in, const dispatch_handle& h) {
-    combine_result<combine_t> out;
+  void combine(const combine_input<first_combine>& in, const dispatch_handle& h,
+               std::span<first_combine> out_x, std::span<float> out_weights = {}) {
+    combine<first_combine>(in, h, out_x, out_weights);
+  }
+
+  template <one_of<combine_type_t<Tokens>...> Out>
+  combine_result<Out> combine(const combine_input<Out>& in, const dispatch_handle& h) {
+    combine_result<Out> out;
     out.x.resize(static_cast<std::size_t>(h.num_tokens) * h.hidden);
     if (in.topk_weights) out.topk_weights.resize(static_cast<std::size_t>(h.num_tokens) * h.topk);
-    combine(in, h, out.x, out.topk_weights);
+    combine<Out>(in, h, out.x, out.topk_weights);
     return out;
+  }
+  combine_result<first_combine> combine(const combine_input<first_combine>& in,
+                                        const dispatch_handle& h) {
+    return combine<first_combine>(in, h);
   }
 
  private:
@@ -387,6 +427,7 @@ class buffer {
       normal_push::combine_rows(route(dl), plan_, world_, rank_, nullptr, {}, false, false);
   }
 
+  template <class Token>
   std::string validate(const dispatch_input<Token>& in, const dispatch_options& opt) const {
     const auto t = static_cast<std::size_t>(std::max(in.num_tokens, 0));
     const auto h = static_cast<std::size_t>(std::max(in.hidden, 0));
@@ -403,7 +444,8 @@ class buffer {
     if (in.topk < 1 || in.topk > cap_.max_topk)
       return "topk " + std::to_string(in.topk) + " is outside [1, " +
              std::to_string(cap_.max_topk) + "]";
-    if (auto bad = check_rows(in.x.size(), in.x_scales.size(), t, h); !bad.empty()) return bad;
+    if (auto bad = check_rows<Token>(in.x.size(), in.x_scales.size(), t, h); !bad.empty())
+      return bad;
     if (in.topk_idx.size() != t * k)
       return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
              " ids, expected T*K = " + std::to_string(t * k);
@@ -416,6 +458,7 @@ class buffer {
   }
 
   // x [T][H] and, for fp8, x_scales [T][H/128]: empty when the sizes fit.
+  template <class Token>
   static std::string check_rows(std::size_t x, std::size_t scales, std::size_t t, std::size_t h) {
     if (x != t * h)
       return "x holds " + std::to_string(x) + " elements, expected T*H = " + std::to_string(t * h);
@@ -426,6 +469,7 @@ class buffer {
     return {};
   }
 
+  template <class Token>
   std::string validate(const cached_dispatch_input<Token>& in, const dispatch_handle& h) const {
     if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
                                 cap_.max_topk);
@@ -433,9 +477,10 @@ class buffer {
       return bad;
     if (token_traits<Token>::has_scales && h.hidden % 128 != 0)
       return input_error_text(describe_unscaled_hidden, h.hidden);
-    return check_rows(in.x.size(), in.x_scales.size(), h.num_tokens, h.hidden);
+    return check_rows<Token>(in.x.size(), in.x_scales.size(), h.num_tokens, h.hidden);
   }
 
+  template <class Token>
   wire::notify_header notify_header_of(const std::string& cause, std::uint64_t epoch,
                                        int num_tokens, int hidden, int topk) const {
     wire::notify_header hdr{};
@@ -512,6 +557,7 @@ class buffer {
     return reinterpret_cast<T*>(link_.direct_ptr(peer, offset));
   }
 
+  template <class Token>
   void send_rows(const dispatch_input<Token>& in, const layout& lay, const dispatch_handle& h,
                  const topology& topo, const deadline& dl) {
     quiet_staging(dl);
@@ -520,7 +566,7 @@ class buffer {
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
     const int per_rank = topo.experts_per_rank();
     // Over RMA, x written into dispatch_send_buffer is put from there.
-    const bool stage_x = !(via_proxy && in.x.data() == dispatch_send_area());
+    const bool stage_x = !(via_proxy && in.x.data() == dispatch_send_area<Token>());
     struct target {
       Token* x;
       float* scales;
@@ -583,6 +629,7 @@ class buffer {
 
   // `rows_came[s]`: source s's rows all arrived; where a lost member's did
   // not, its rows are left as padding (mask_lost_ranks).
+  template <class Token>
   void fill_result(dispatch_result<Token>& res, const dispatch_input<Token>& in,
                    const dispatch_options& opt, const std::vector<peer_notify>& peers,
                    const std::vector<bool>& rows_came) {
@@ -624,8 +671,9 @@ class buffer {
     for (int& n : res.num_recv_tokens_per_expert) n = aligned_expert_count(n, opt.expert_alignment);
   }
 
-  std::string validate(const combine_input<combine_t>& in, const dispatch_handle& h,
-                       std::span<combine_t> out_x, std::span<float> out_weights) const {
+  template <class Out>
+  std::string validate(const combine_input<Out>& in, const dispatch_handle& h, std::span<Out> out_x,
+                       std::span<float> out_weights) const {
     if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
                                 cap_.max_topk);
         !bad.empty())
@@ -653,13 +701,14 @@ class buffer {
     return {};
   }
 
-  void post_combine_status(const std::string& cause, bool with_weights, bool in_place,
-                           std::uint64_t epoch, const deadline& dl) {
+  void post_combine_status(const std::string& cause, std::int32_t out_id, bool with_weights,
+                           bool in_place, std::uint64_t epoch, const deadline& dl) {
     quiet_staging(dl);
     wire::combine_header hdr{};
     hdr.epoch = epoch;
     hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
     hdr.with_weights = with_weights ? 1 : 0;
+    hdr.out_id = out_id;
     hdr.in_place = in_place ? 1 : 0;
     std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
     if constexpr (via_proxy) {
@@ -688,21 +737,24 @@ class buffer {
   }
 
   // dispatch_send_buffer's tokens.
+  template <class Token>
   Token* dispatch_send_area() {
     if constexpr (via_proxy)
       return reinterpret_cast<Token*>(local(plan_.send_tokens));
     else
-      return send_tokens_.data();
+      return reinterpret_cast<Token*>(send_tokens_.data());
   }
 
   // combine_send_buffer's rows: the in-place region, or the RMA staging area.
-  combine_t* combine_y() {
-    return reinterpret_cast<combine_t*>(local(via_proxy ? plan_.send_combine_x : plan_.combine_y));
+  template <class Out>
+  Out* combine_y() {
+    return reinterpret_cast<Out*>(local(via_proxy ? plan_.send_combine_x : plan_.combine_y));
   }
 
   // y is exactly the span combine_send_buffer(h) gives.
-  bool left_in_place(const combine_input<combine_t>& in, const dispatch_handle& h) {
-    return h.hidden >= 1 && h.num_recv_tokens >= 0 && in.y.data() == combine_y() &&
+  template <class Out>
+  bool left_in_place(const combine_input<Out>& in, const dispatch_handle& h) {
+    return h.hidden >= 1 && h.num_recv_tokens >= 0 && in.y.data() == combine_y<Out>() &&
            in.y.size() == static_cast<std::size_t>(h.num_recv_tokens) * h.hidden;
   }
 
@@ -726,7 +778,8 @@ class buffer {
 
   // Sends y's rows back to their sources, unless this rank left them in
   // place; the weights always go.
-  void return_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place,
+  template <class Out>
+  void return_rows(const combine_input<Out>& in, const dispatch_handle& h, bool in_place,
                    std::uint64_t epoch, const deadline& dl) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
@@ -737,8 +790,8 @@ class buffer {
         const std::size_t from = h.recv_offset(s, rank_);
         const std::size_t to = h.return_offset(s, rank_);
         if (!in_place)
-          std::memcpy(peer_array<combine_t>(s, plan_.combine_x) + to * hidden,
-                      in.y.data() + from * hidden, n * hidden * sizeof(combine_t));
+          std::memcpy(peer_array<Out>(s, plan_.combine_x) + to * hidden,
+                      in.y.data() + from * hidden, n * hidden * sizeof(Out));
         if (weights)
           std::memcpy(peer_array<float>(s, plan_.combine_weights) + to * k,
                       in.topk_weights->data() + from * k, n * k * sizeof(float));
@@ -751,7 +804,8 @@ class buffer {
   // (unless the experts wrote them there, through combine_send_buffer);
   // each source gets its block back with one put per array, the last one
   // carrying the combine-data signal.
-  void put_combine_rows(const combine_input<combine_t>& in, const dispatch_handle& h, bool in_place,
+  template <class Out>
+  void put_combine_rows(const combine_input<Out>& in, const dispatch_handle& h, bool in_place,
                         const deadline& dl) {
     quiet_staging(dl);
     const std::size_t hidden = h.hidden;
@@ -761,7 +815,7 @@ class buffer {
     std::byte* base = local(0);
     if (rows != 0) {
       if (!in_place)
-        std::memcpy(base + plan_.send_combine_x, in.y.data(), rows * hidden * sizeof(combine_t));
+        std::memcpy(base + plan_.send_combine_x, in.y.data(), rows * hidden * sizeof(Out));
       if (weights)
         std::memcpy(base + plan_.send_combine_weights, in.topk_weights->data(),
                     rows * k * sizeof(float));
@@ -773,7 +827,7 @@ class buffer {
       std::memcpy(local(plan_.combine_weights) + h.return_offset(rank_, rank_) * k * sizeof(float),
                   in.topk_weights->data() + h.recv_offset(rank_, rank_) * k,
                   own * k * sizeof(float));
-    const normal_push::row_shape rs{0, 0, k, hidden * sizeof(combine_t)};
+    const normal_push::row_shape rs{0, 0, k, hidden * sizeof(Out)};
     normal_push::combine_rows(route(dl), plan_, world_, rank_, h.count_matrix.data(), rs, weights,
                               true);
   }
@@ -783,28 +837,29 @@ class buffer {
   // are read in its staging area, where put_combine_rows left them. Rows of
   // a rank that did not return them (`returned`: lost) are left out and
   // counted.
-  void reduce(const combine_input<combine_t>& in, const dispatch_handle& h,
+  template <class Out>
+  void reduce(const combine_input<Out>& in, const dispatch_handle& h,
               const std::vector<wire::combine_header>& status, const std::vector<bool>& returned,
-              std::span<combine_t> out_x, std::span<float> out_weights) {
+              std::span<Out> out_x, std::span<float> out_weights) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
     const std::byte* base = local(0);
     const auto* wrows = reinterpret_cast<const float*>(base + plan_.combine_weights);
     std::vector<int> first(world_);
-    std::vector<const combine_t*> rows(world_);
+    std::vector<const Out*> rows(world_);
     for (int r = 0; r < world_; ++r) {
       first[r] = h.return_offset(rank_, r);
-      rows[r] = reinterpret_cast<const combine_t*>(base + plan_.combine_x) + first[r] * hidden;
+      rows[r] = reinterpret_cast<const Out*>(base + plan_.combine_x) + first[r] * hidden;
       if constexpr (via_proxy) {
         if (r == rank_)
-          rows[r] = reinterpret_cast<const combine_t*>(base + plan_.send_combine_x) +
+          rows[r] = reinterpret_cast<const Out*>(base + plan_.send_combine_x) +
                     static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
       } else if (status[r].in_place) {
-        rows[r] = reinterpret_cast<const combine_t*>(link_.peer(r, plan_.combine_y)) +
+        rows[r] = reinterpret_cast<const Out*>(link_.peer(r, plan_.combine_y)) +
                   static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
       }
     }
-    std::vector<const combine_t*> srcs;
+    std::vector<const Out*> srcs;
     srcs.reserve(static_cast<std::size_t>(world_));
     for (int t = 0; t < h.num_tokens; ++t) {
       const std::size_t at = static_cast<std::size_t>(t) * hidden;
@@ -823,9 +878,8 @@ class buffer {
         if (!out_weights.empty())
           for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += wrows[row * k + j];
       }
-      reduce_token<combine_t, combine_t>(out_x.data() + at, hidden, srcs,
-                                         bias_row(in.bias_0, t, hidden),
-                                         bias_row(in.bias_1, t, hidden));
+      reduce_token<Out, Out>(out_x.data() + at, hidden, srcs, bias_row(in.bias_0, t, hidden),
+                             bias_row(in.bias_1, t, hidden));
     }
   }
 
@@ -842,7 +896,9 @@ class buffer {
   std::uint64_t in_place_combines_ = 0;  // combines whose rows this rank left in place
   call_guard guard_;
   buffer_stats stats_{std::vector<std::chrono::nanoseconds>(world_)};
-  std::vector<Token> send_tokens_;  // dispatch_send_buffer over a peer-mapped transport
+  // dispatch_send_buffer over a peer-mapped transport: floats, so that any
+  // token type is aligned in it.
+  std::vector<float> send_tokens_;
 };
 
 }  // namespace epcomm

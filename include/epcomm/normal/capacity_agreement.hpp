@@ -17,23 +17,26 @@
 
 namespace epcomm {
 
+// Tokens: the types the buffer serves; regions are sized for the widest
+// (wire::capacity's token and combine bytes, scales if any type has them).
 // `can_mask_lost_ranks` says whether the caller's engine and transport
 // implement cfg.mask_lost_ranks; where they do not, asking for it fails every
 // rank rather than being ignored.
-template <token_type Token, bootstrap B>
+template <token_type... Tokens, bootstrap B>
 wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::milliseconds timeout,
                               bool can_mask_lost_ranks = false) {
   struct config_record {
     std::int32_t valid;
     std::int32_t num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens;
-    std::int32_t token_id;
+    std::int32_t token_ids;  // bit token_traits<T>::id for each served T
     std::int32_t mask_lost_ranks;
   };
   const int world = boot.world_size();
   config_checks checks;
   checks.need_experts_per_rank(cfg.num_experts, world);
   checks.need(cfg.max_hidden > 0, "max_hidden must be > 0");
-  checks.need(!token_traits<Token>::has_scales || cfg.max_hidden % 128 == 0,
+  // A buffer that also serves unscaled types checks fp8 hidden per call.
+  checks.need(!(token_traits<Tokens>::has_scales && ...) || cfg.max_hidden % 128 == 0,
               "max_hidden must be a multiple of 128 for fp8 tokens (one scale per 128 channels)");
   checks.need_topk_within_experts(cfg.max_topk, cfg.num_experts);
   checks.need(cfg.max_tokens_per_rank >= 0, "max_tokens_per_rank must be >= 0");
@@ -55,11 +58,11 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::mi
                            cfg.max_topk,
                            cfg.max_tokens_per_rank,
                            static_cast<std::int32_t>(recv),
-                           token_traits<Token>::id,
+                           ((1 << token_traits<Tokens>::id) | ...),
                            cfg.mask_lost_ranks ? 1 : 0};
   agree_config(boot, mine, checks.cause(), timeout, "buffer",
                "num_experts, max_hidden, max_topk, max_tokens_per_rank, max_recv_tokens, "
-               "mask_lost_ranks and token type");
+               "mask_lost_ranks and token types");
   const int max_rows = cfg.max_tokens_per_rank * std::min(cfg.max_topk, world);
   return wire::capacity{world,
                         cfg.num_experts,
@@ -68,9 +71,9 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::mi
                         cfg.max_tokens_per_rank,
                         static_cast<int>(recv),
                         max_rows,
-                        static_cast<int>(sizeof(Token)),
-                        static_cast<int>(sizeof(combine_type_t<Token>)),
-                        token_traits<Token>::has_scales};
+                        static_cast<int>(std::max({sizeof(Tokens)...})),
+                        static_cast<int>(std::max({sizeof(combine_type_t<Tokens>)...})),
+                        (token_traits<Tokens>::has_scales || ...)};
 }
 
 }  // namespace epcomm

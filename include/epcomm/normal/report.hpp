@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "epcomm/core/error.hpp"
+#include "epcomm/core/token_types.hpp"
 #include "epcomm/normal/wire.hpp"
 #include "epcomm/proxy/channel.hpp"
 #include "epcomm/transport/peer_abort.hpp"
@@ -64,7 +65,15 @@ inline constexpr const char* waited_for_text(waited_for w) {
 }
 
 // Notify-header fields that every rank must agree on.
-enum class header_field : std::int32_t { hidden = 0, topk, token_id, num_experts, routing };
+// The notify header's come first, in the order judge_notify_round compares them.
+enum class header_field : std::int32_t {
+  hidden = 0,
+  topk,
+  token_id,
+  num_experts,
+  routing,
+  out_id,  // the combine header's
+};
 
 inline constexpr const char* header_field_text(header_field f) {
   switch (f) {
@@ -73,11 +82,13 @@ inline constexpr const char* header_field_text(header_field f) {
     case header_field::topk:
       return "topk";
     case header_field::token_id:
-      return "token type id";
+      return "token type";
     case header_field::num_experts:
       return "num_experts";
     case header_field::routing:
       return "the cached handle's routing (count-matrix fingerprint)";
+    case header_field::out_id:
+      return "y's element type";
   }
   return "?";
 }
@@ -127,11 +138,17 @@ inline error to_error(const report& r, int rank, const std::string& op) {
       return error(rank, op, no_peer, "invalid input: " + cause);
     case failure::peer_invalid_input:
       return error(rank, op, r.peer, "invalid input on that rank: " + cause);
-    case failure::disagreement:
+    case failure::disagreement: {
+      // Types travel as their wire ids; the error names them.
+      const bool is_type = r.field == header_field::token_id || r.field == header_field::out_id;
+      const auto value = [&](std::int64_t v) {
+        return is_type ? std::string(token_type_name(v)) : n(v);
+      };
       return error(rank, op, r.peer,
-                   std::string(header_field_text(r.field)) + " " + n(r.seen) +
-                       " on that rank disagrees with " + n(r.expected) + " on rank " +
+                   std::string(header_field_text(r.field)) + " " + value(r.seen) +
+                       " on that rank disagrees with " + value(r.expected) + " on rank " +
                        n(r.reference));
+    }
     case failure::over_capacity:
       return error(rank, op, r.peer,
                    "that rank would receive " + n(r.seen) +

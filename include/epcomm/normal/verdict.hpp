@@ -110,7 +110,8 @@ EPCOMM_HD void judge_notify_round(const Slots& slots, int world, int rank, std::
 }
 
 // The combine status round: headers(s) is rank s's wire::combine_header.
-// Every member's epoch and status, then whether all pass weights alike.
+// Every member's epoch and status, then whether all pass weights alike and
+// y of one element type.
 EPCOMM_HD_TEMPLATE
 template <class Slots>
 EPCOMM_HD void judge_combine_round(const Slots& slots, int world, int rank, std::uint64_t epoch,
@@ -118,9 +119,21 @@ EPCOMM_HD void judge_combine_round(const Slots& slots, int world, int rank, std:
   using cuda::failure;
   const int first = judge_members(slots, world, rank, epoch, failure::combine_mismatch, r);
   for (int s = first + 1; first >= 0 && s < world; ++s) {
-    if (slots.takes_part(s) && slots.header(s).with_weights != slots.header(first).with_weights) {
+    if (!slots.takes_part(s)) continue;
+    const wire::combine_header& h = slots.header(s);
+    const wire::combine_header& ref = slots.header(first);
+    if (h.with_weights != ref.with_weights) {
       r.code = failure::weights_mismatch;
       r.peer = s;
+      return;
+    }
+    if (h.out_id != ref.out_id) {
+      r.code = failure::disagreement;
+      r.peer = s;
+      r.field = cuda::header_field::out_id;
+      r.seen = h.out_id;
+      r.expected = ref.out_id;
+      r.reference = first;
       return;
     }
   }

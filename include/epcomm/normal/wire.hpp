@@ -61,6 +61,9 @@ struct combine_header {
   status state;
   std::int32_t with_weights;  // every rank passes topk_weights or none does
   std::int32_t in_place;      // y is this rank's combine_y: sources read the rows there
+  // token_traits id of y's elements, which every rank must share; 0 from an
+  // engine that serves one combine type (nothing to disagree on).
+  std::int32_t out_id;
   char cause[cause_bytes];
 };
 

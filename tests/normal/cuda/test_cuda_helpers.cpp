@@ -175,6 +175,11 @@ TEST_CASE("judge_notify rejects like the host engine, in its order") {
     n.header(1).hidden = 128;
     CHECK(message(n.judge(0, 1, 10)) ==
           "epcomm: rank 0: dispatch (peer 2): topk 4 on that rank disagrees with 2 on rank 0");
+    n.header(2).topk = 2;
+    n.header(1).token_id = token_traits<fp8_e4m3>::id;
+    CHECK(message(n.judge(0, 1, 10)) ==
+          "epcomm: rank 0: dispatch (peer 1): token type fp8_e4m3 on that rank disagrees with "
+          "bf16 on rank 0");
   }
   SUBCASE("more rows than a receiver holds, or than its bound") {
     notify_region n(2, 1, 1);
@@ -197,7 +202,7 @@ TEST_CASE("judge_combine rejects like the host engine") {
   const std::size_t slot = wire::align_up(sizeof(wire::combine_header), 64);
   std::vector<std::byte> bytes(slot * world);
   auto at = [&](int s) { return reinterpret_cast<wire::combine_header*>(bytes.data() + slot * s); };
-  for (int s = 0; s < world; ++s) *at(s) = {4, wire::status::ok, 1, 0, {}};
+  for (int s = 0; s < world; ++s) *at(s) = {4, wire::status::ok, 1, 0, 0, {}};
   report r{};
   judge_combine(bytes.data(), slot, world, 0, 4, r);
   CHECK(r.code == failure::none);
@@ -207,6 +212,16 @@ TEST_CASE("judge_combine rejects like the host engine") {
         "epcomm: rank 0: combine (peer 2): topk_weights given on some "
         "ranks only (every rank passes them or none)");
   r = {};
+  at(2)->with_weights = 1;
+  at(1)->out_id = token_traits<float>::id;  // a buffer serving several types: y in fp32 there
+  at(0)->out_id = token_traits<bf16>::id;
+  at(2)->out_id = token_traits<bf16>::id;
+  judge_combine(bytes.data(), slot, world, 2, 4, r);
+  CHECK(message(r, 2, "combine") ==
+        "epcomm: rank 2: combine (peer 1): y's element type fp32 on that rank disagrees with bf16 "
+        "on rank 0");
+  r = {};
+  at(1)->out_id = token_traits<bf16>::id;
   at(1)->epoch = 3;
   judge_combine(bytes.data(), slot, world, 0, 4, r);
   CHECK(message(r, 0, "combine") ==
