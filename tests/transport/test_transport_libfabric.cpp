@@ -2,6 +2,12 @@
 // dispatch/combine suite. CTest runs this file once per provider, selected by
 // FI_PROVIDER ("tcp;ofi_rxm", "shm") on loopback; the cases below test what is
 // particular to libfabric.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
 #include "epcomm/libfabric/transport.hpp"
 #include "support/dispatch_combine_suite.hpp"
 #include "support/rma_transport_suite.hpp"
@@ -102,4 +108,78 @@ TEST_CASE(
     return 0;
   });
   CHECK(test::all_ok(codes, "EPCOMM_FI_DOMAIN"));
+}
+
+namespace {
+
+// Whether /dev/shm holds an shm-provider file of process `pid` (one of this
+// pid namespace's epcomm names).
+bool holds_file_of(pid_t pid) {
+  const std::string ns = libfabric::shm_regions::pid_namespace();
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    if (libfabric::shm_regions::owner(e.path().filename().string(), ns) == pid) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("shm provider files: named for their process, parsed back, others left alone") {
+  namespace sr = libfabric::shm_regions;
+  const std::string ns = sr::pid_namespace();
+  const std::string a = sr::next_address(), b = sr::next_address();
+  CHECK(a.starts_with("fi_shm://epcomm-lf-" + ns + "-" + std::to_string(getpid()) + "."));
+  CHECK(a != b);  // one file per endpoint, several endpoints per process
+  CHECK(sr::owner(a.substr(9), ns) == getpid());
+  CHECK(sr::owner("epcomm-lf-" + ns + "-123.0", ns) == 123);
+  CHECK_FALSE(sr::owner("epcomm-lf-1" + ns + "-123.0", ns));  // another pid namespace
+  CHECK_FALSE(sr::owner("epcomm-lf-" + ns + "-123", ns));
+  CHECK_FALSE(sr::owner("epcomm-lf-" + ns + "-x.0", ns));
+  CHECK_FALSE(sr::owner("1234:0:0", ns));  // the provider's default name: not ours to judge
+  CHECK_FALSE(sr::owner("epcomm-abc-0-tokens", ns));
+}
+
+TEST_CASE("a rank killed without teardown leaves no file in /dev/shm once the survivors close") {
+  // Over FI_PROVIDER=shm each endpoint keeps a 16 MiB file; over tcp there
+  // is none, and the check holds trivially.
+  INFO("provider:", test::provider_environment());
+  const auto codes = launch_local(3, [](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    const deadline dl = deadline::after(std::chrono::seconds(30));
+    const std::int64_t mine = getpid();
+    const auto all = boot.all_gather(std::as_bytes(std::span(&mine, 1)), dl);
+    std::int64_t victim = 0;
+    std::memcpy(&victim, all.data() + 2 * sizeof victim, sizeof victim);
+    {
+      libfabric::transport t(boot, 4096, 1, dl);
+      t.barrier(dl);
+      if (rank == 2) _exit(0);  // SIGKILL's effect on the file: no destructor runs
+      while (!(::kill(static_cast<pid_t>(victim), 0) != 0 && errno == ESRCH)) {
+        if (dl.expired()) return test::fail_rank(rank, "the victim never exited");
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    return holds_file_of(static_cast<pid_t>(victim))
+               ? test::fail_rank(rank, "the dead rank's file is still in /dev/shm")
+               : 0;
+  });
+  CHECK(test::all_ok(codes, "a dead rank's shm file"));
+}
+
+TEST_CASE("files of a job that died whole are removed by the next start on the host") {
+  INFO("provider:", test::provider_environment());
+  auto* dead = static_cast<pid_t*>(
+      mmap(nullptr, sizeof(pid_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(dead != MAP_FAILED);
+  const auto died = launch_local(1, [&](local_bootstrap& boot) -> int {
+    *dead = getpid();
+    libfabric::transport t(boot, 4096, 1, deadline::after(std::chrono::seconds(30)));
+    _exit(0);
+  });
+  REQUIRE(test::all_ok(died, "the job that dies"));
+  const auto next = launch_local(1, [&](local_bootstrap& boot) {
+    libfabric::transport t(boot, 4096, 1, deadline::after(std::chrono::seconds(30)));
+    return holds_file_of(*dead) ? test::fail_rank(0, "the dead job's file is still there") : 0;
+  });
+  CHECK(test::all_ok(next, "the next start"));
+  munmap(dead, sizeof(pid_t));
 }

@@ -34,6 +34,10 @@
 // a mutex, so wait() and barrier() may run while a proxy thread issues
 // operations and progresses.
 //
+// Over the shm provider each endpoint's file in /dev/shm carries an epcomm
+// name, and the files of dead processes are removed at every start and close
+// (shm_regions.hpp): a rank that is killed leaves nothing behind for long.
+//
 // abort() gives up on the group. Each peer gets one 8-byte write of this
 // rank's abort word (transport/peer_abort.hpp) into its abort-word array, carrying remote
 // CQ data on the peer's abort slot for this rank: the count says the word has
@@ -66,11 +70,13 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "epcomm/core/error.hpp"
 #include "epcomm/libfabric/nic_choice.hpp"
+#include "epcomm/libfabric/shm_regions.hpp"
 #include "epcomm/transport/concepts.hpp"
 #include "epcomm/transport/peer_abort.hpp"
 #include "epcomm/transport/process_identity.hpp"
@@ -582,6 +588,14 @@ class transport : public proxy::rma_transport_base {
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_ep_bind(av)", r);
     r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_ep_bind(cq)", r);
+    if (over_shm()) {
+      // Files of this host's dead epcomm processes go first; this one's is
+      // named so that a survivor, or the next start, can tell it is orphaned.
+      shm_regions::remove_orphans();
+      const std::string address = shm_regions::next_address();
+      r = fi_setname(&ep_->fid, const_cast<char*>(address.c_str()), address.size() + 1);
+      if (r != 0) fail_fi("libfabric setup", no_peer, "fi_setname", r);
+    }
     r = fi_enable(ep_);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_enable", r);
   }
@@ -664,7 +678,14 @@ class transport : public proxy::rma_transport_base {
     }
   }
 
+  // The shm provider, whose endpoints keep a file each in /dev/shm.
+  bool over_shm() const {
+    return info_ != nullptr && std::string_view(info_->fabric_attr->prov_name) == "shm";
+  }
+
   void close() {
+    // A peer that died without closing left its file (shm_regions.hpp).
+    if (over_shm() && ep_ != nullptr) shm_regions::remove_orphans();
     if (ep_ != nullptr) fi_close(&ep_->fid);
     for (local_region& r : local_) {
       if (r.mr != nullptr) fi_close(&r.mr->fid);
