@@ -12,8 +12,9 @@ struct timed_op {
   std::string name;  // "dispatch", "combine" or "dispatch+combine"
   std::function<void()> epcomm;
   std::function<void()> baseline;
-  std::function<void()> roofline;  // the op's bytes over the raw link
-  double bytes = 0;                // what the op must move: the most any rank sends
+  std::function<void()> peer_copy;  // the op's bytes over the raw link (peer_copy.hpp)
+  double bytes = 0;                 // what the op sends: the most any rank sends
+  double must_move = 0;             // bytes through memory, the busiest rank's (memory_bound.hpp)
   // Runs before each timed epcomm call, untimed, when an op needs state that the previous call
   // used up (a low-latency combine answers exactly one dispatch).
   std::function<void()> epcomm_setup = {};

@@ -32,7 +32,8 @@ void check_options(const options& opt, int ranks) {
   });
 }
 
-std::vector<record> measure(bench_case& c, const record& label, const options& opt, MPI_Comm comm) {
+std::vector<record> measure(bench_case& c, const record& label, const options& opt, MPI_Comm comm,
+                            double bandwidth) {
   const std::string problem = c.verify();
   int ok = problem.empty() ? 1 : 0, all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
@@ -49,12 +50,12 @@ std::vector<record> measure(bench_case& c, const record& label, const options& o
   }
 
   std::vector<timed_op> ops = c.ops();
-  // samples[op][contender]: epcomm, baseline, roofline
+  // samples[op][contender]: epcomm, baseline, per-peer copy
   std::vector<std::array<std::vector<double>, 3>> samples(ops.size());
   for (int it = 0; it < opt.warmup + opt.iterations; ++it) {
     for (std::size_t o = 0; o < ops.size(); ++o) {
       const std::array<std::function<void()>*, 3> contender{&ops[o].epcomm, &ops[o].baseline,
-                                                            &ops[o].roofline};
+                                                            &ops[o].peer_copy};
       // Each contender runs first, second and third equally often, so drift in the machine and
       // the cache left by the one before weigh on all three alike.
       for (int slot = 0; slot < 3; ++slot) {
@@ -73,7 +74,8 @@ std::vector<record> measure(bench_case& c, const record& label, const options& o
     r.bytes = ops[o].bytes;
     r.epcomm = summarize(std::move(samples[o][0]));
     r.baseline = summarize(std::move(samples[o][1]));
-    r.roofline = summarize(std::move(samples[o][2]));
+    r.peer_copy = summarize(std::move(samples[o][2]));
+    r.bound_us = ops[o].must_move / bandwidth * 1e6;
     out.push_back(std::move(r));
   }
   return out;

@@ -23,15 +23,18 @@ struct verification_failure : std::runtime_error {
 };
 
 // Verifies `c` on every rank, then times it; returns one record per op (filled in but for the
-// labels in `label`). Throws verification_failure on every rank when any rank's check fails.
-std::vector<record> measure(bench_case& c, const record& label, const options& opt, MPI_Comm comm);
+// labels in `label`), its bound at `bandwidth` (copy_bandwidth). Throws verification_failure on
+// every rank when any rank's check fails.
+std::vector<record> measure(bench_case& c, const record& label, const options& opt, MPI_Comm comm,
+                            double bandwidth);
 
 struct run_context {
   mpi_bootstrap& boot;
   MPI_Comm comm;
   const options& opt;
   std::vector<record>& records;
-  bool print;  // this rank prints the table
+  bool print;        // this rank prints the table
+  double bandwidth;  // copy_bandwidth, measured once per run
 };
 
 template <class Transport, class Mode, class Token>
@@ -42,7 +45,7 @@ void run_workload(run_context& ctx, const workload& w) {
   label.ranks = ctx.boot.world_size();
   label.shape = w;
   typename Mode::template case_type<Transport, Token> c(ctx.boot, ctx.comm, w);
-  for (record& r : measure(c, label, ctx.opt, ctx.comm)) {
+  for (record& r : measure(c, label, ctx.opt, ctx.comm, ctx.bandwidth)) {
     if (ctx.print) print_row(stdout, r);
     ctx.records.push_back(std::move(r));
   }

@@ -16,7 +16,8 @@
 #include "epcomm/low_latency/buffer.hpp"
 #include "inputs.hpp"
 #include "ll_baseline.hpp"
-#include "roofline.hpp"
+#include "memory_bound.hpp"
+#include "peer_copy.hpp"
 #include "traffic.hpp"
 
 namespace epcomm::bench {
@@ -70,6 +71,7 @@ class low_latency_case final : public bench_case {
 
     traffic_ = plan_traffic(rank_pair_counts(comm_, input_.topk_idx, w_.topk, w_.experts / world_),
                             world_, rank_, dispatch_row_bytes(w_), combine_row_bytes(w_));
+    moved_ = must_move(traffic_, w_.tokens, dispatch_row_bytes(w_));
     return {};
   }
 
@@ -77,13 +79,19 @@ class low_latency_case final : public bench_case {
     const double dispatch_bytes = most(traffic_.dispatch_bytes);
     const double combine_bytes = most(traffic_.combine_bytes);
     const double pair_bytes = most(traffic_.dispatch_bytes + traffic_.combine_bytes);
-    timed_op dispatch{"dispatch", [this] { buffer_.low_latency_dispatch(in_); },
+    timed_op dispatch{"dispatch",
+                      [this] { buffer_.low_latency_dispatch(in_); },
                       [this] { baseline_.dispatch(input_.x, input_.topk_idx, w_.tokens); },
-                      [this] { link_.copy(traffic_.dispatch); }, dispatch_bytes};
+                      [this] { link_.copy(traffic_.dispatch); },
+                      dispatch_bytes,
+                      most(moved_.dispatch)};
     // A low-latency combine answers exactly one dispatch: each timed combine gets a fresh one.
-    timed_op combine{"combine", [this] { buffer_.low_latency_combine(combine_in(), handle_); },
+    timed_op combine{"combine",
+                     [this] { buffer_.low_latency_combine(combine_in(), handle_); },
                      [this] { baseline_.combine(y_, input_.topk_weights, baseline_out_); },
-                     [this] { link_.copy(traffic_.combine); }, combine_bytes};
+                     [this] { link_.copy(traffic_.combine); },
+                     combine_bytes,
+                     most(moved_.combine)};
     combine.epcomm_setup = [this] { handle_ = buffer_.low_latency_dispatch(in_).handle; };
     timed_op pair{"dispatch+combine",
                   [this] {
@@ -98,7 +106,8 @@ class low_latency_case final : public bench_case {
                     link_.copy(traffic_.dispatch);
                     link_.copy(traffic_.combine);
                   },
-                  pair_bytes};
+                  pair_bytes,
+                  most(moved_.dispatch + moved_.combine)};
     return {dispatch, combine, pair};
   }
 
@@ -114,7 +123,7 @@ class low_latency_case final : public bench_case {
 
   // A token on the wire: payload and, for fp8, its scales. What must move is each token once per
   // destination rank, as in normal mode; the low-latency protocol itself sends one record per
-  // (token, expert), so its fraction of the roofline includes that choice.
+  // (token, expert), so its fractions of the copy and of the bound include that choice.
   static std::size_t dispatch_row_bytes(const workload& w) {
     return w.hidden * sizeof(Wire) + (fp8 ? w.hidden / fp8_block * sizeof(float) : 0);
   }
@@ -199,6 +208,7 @@ class low_latency_case final : public bench_case {
   std::vector<bf16> y_;
   std::vector<bf16> out_, baseline_out_;
   traffic traffic_;
+  memory_traffic moved_;
 };
 
 }  // namespace epcomm::bench

@@ -1,6 +1,6 @@
 // epcomm-bench: dispatch, combine and the pair for every built-in transport and mode, against
-// an MPI_Alltoallv baseline and the raw link's roofline, all in one run of one set of
-// processes. Start it with mpirun; see docs/performance.md.
+// an MPI_Alltoallv baseline, a per-peer copy over the raw link and the host's physical bound,
+// all in one run of one set of processes. Start it with mpirun; see docs/performance.md.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "driver.hpp"
+#include "memory_bound.hpp"
 
 namespace {
 
@@ -48,10 +49,12 @@ int main(int argc, char** argv) {
 
   int status = 0;
   std::vector<record> records;
+  double bandwidth = 0;
   try {
     epcomm::mpi_bootstrap boot(MPI_COMM_WORLD);
-    if (rank == 0) print_header(stdout, opt, ranks);
-    run_context ctx{boot, MPI_COMM_WORLD, opt, records, rank == 0};
+    bandwidth = copy_bandwidth(MPI_COMM_WORLD, static_cast<std::size_t>(opt.copy_mib) << 20);
+    if (rank == 0) print_header(stdout, opt, ranks, bandwidth);
+    run_context ctx{boot, MPI_COMM_WORLD, opt, records, rank == 0, bandwidth};
     run_all(ctx);
   } catch (const verification_failure& e) {
     // Every rank throws this together, after the same collective.
@@ -69,7 +72,7 @@ int main(int argc, char** argv) {
         "combine results equal the baseline's\n",
         records.size());
     try {
-      if (!opt.json_path.empty()) write_json(opt.json_path, records, opt, ranks);
+      if (!opt.json_path.empty()) write_json(opt.json_path, records, opt, ranks, bandwidth);
       if (!opt.plot_path.empty()) write_plot(opt.plot_path, records, opt);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "epcomm-bench: %s\n", e.what());

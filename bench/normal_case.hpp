@@ -15,7 +15,8 @@
 #include "epcomm/core/fp8_scaling.hpp"
 #include "epcomm/normal/buffer.hpp"
 #include "inputs.hpp"
-#include "roofline.hpp"
+#include "memory_bound.hpp"
+#include "peer_copy.hpp"
 #include "traffic.hpp"
 
 namespace epcomm::bench {
@@ -83,6 +84,7 @@ class normal_case final : public bench_case {
 
     traffic_ = plan_traffic(rank_pair_counts(comm_, input_.topk_idx, w_.topk, w_.experts / world_),
                             world_, rank_, dispatch_row_bytes(w_), combine_row_bytes(w_));
+    moved_ = must_move(traffic_, w_.tokens, dispatch_row_bytes(w_));
     return {};
   }
 
@@ -92,10 +94,10 @@ class normal_case final : public bench_case {
     const double pair_bytes = most(traffic_.dispatch_bytes + traffic_.combine_bytes);
     return {
         {"dispatch", [this] { buffer_.dispatch(in_); }, [this] { baseline_.dispatch(in_); },
-         [this] { link_.copy(traffic_.dispatch); }, dispatch_bytes},
+         [this] { link_.copy(traffic_.dispatch); }, dispatch_bytes, most(moved_.dispatch)},
         {"combine", [this] { buffer_.combine(combine_in(), handle_, out_x_, out_weights_); },
          [this] { baseline_.combine(y_, y_weights_, baseline_x_, baseline_weights_); },
-         [this] { link_.copy(traffic_.combine); }, combine_bytes},
+         [this] { link_.copy(traffic_.combine); }, combine_bytes, most(moved_.combine)},
         {"dispatch+combine",
          [this] {
            const auto r = buffer_.dispatch(in_);
@@ -109,7 +111,7 @@ class normal_case final : public bench_case {
            link_.copy(traffic_.dispatch);
            link_.copy(traffic_.combine);
          },
-         pair_bytes},
+         pair_bytes, most(moved_.dispatch + moved_.combine)},
     };
   }
 
@@ -233,6 +235,7 @@ class normal_case final : public bench_case {
   std::vector<out_type> out_x_, baseline_x_;
   std::vector<float> out_weights_, baseline_weights_;
   traffic traffic_;
+  memory_traffic moved_;
 };
 
 }  // namespace epcomm::bench

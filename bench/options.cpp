@@ -54,6 +54,7 @@ void apply_quick(options& o) {
   o.dtypes = {dtype::bf16, dtype::fp8_e4m3, dtype::fp32};
   o.warmup = 2;
   o.timeout_s = 300;
+  o.copy_mib = 64;
 }
 
 }  // namespace
@@ -90,6 +91,8 @@ std::string usage() {
          "  --json FILE       one record per (transport, mode, op, workload)\n"
          "  --plot FILE.png   bandwidth against tokens (needs gnuplot)\n"
          "  --timeout-s N     give up after N seconds, exit status 124 (default 3600)\n"
+         "  --copy-mib N      MiB each rank copies, all at once, to measure the memory\n"
+         "                    bandwidth of the bound (default 256: well above the caches)\n"
          "  --help\n";
 }
 
@@ -147,6 +150,8 @@ options parse_options(std::span<char* const> args) {
       o.plot_path = value;
     } else if (flag == "--timeout-s") {
       o.timeout_s = positive(flag, value);
+    } else if (flag == "--copy-mib") {
+      o.copy_mib = positive(flag, value);
     } else {
       throw usage_error("unknown option " + std::string(flag));
     }

@@ -46,6 +46,7 @@ struct options {
   std::string json_path;
   std::string plot_path;
   int timeout_s = 3600;  // the whole run; a rank still running then exits with 124
+  int copy_mib = 256;    // what each rank copies to measure the bound's bandwidth
   std::string command_line;
 };
 

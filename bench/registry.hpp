@@ -1,6 +1,6 @@
 // The transports and modes epcomm-bench measures. Every transport runs every mode it supports.
 //   A transport: include its header, add its type to `transports` and name it with a
-//   transport_name specialisation (roofline.hpp has raw links for peer-mapped and RMA
+//   transport_name specialisation (peer_copy.hpp has raw links for peer-mapped and RMA
 //   transports). The network transports are compiled in when CMake finds their libraries.
 //   A mode: a bench_case for it (like normal_case.hpp) and an entry type in `modes`.
 #pragma once

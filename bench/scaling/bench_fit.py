@@ -93,8 +93,11 @@ def fit_records(records):
     out = []
     for (transport, mode, op), recs in sorted(groups.items()):
         xs = [moved(r) for r in recs]
-        for contender in ("epcomm", "baseline", "roofline"):
-            ys = [r[contender + "_us"] for r in recs]
+        for contender in ("epcomm", "baseline", "peer_copy"):
+            # Files written before the per-peer copy got its name call it roofline.
+            key = contender + "_us" if contender != "peer_copy" or "peer_copy_us" in recs[0] \
+                else "roofline_us"
+            ys = [r[key] for r in recs]
             # Relative errors: the sweep spans two orders of magnitude in time.
             fixed, per_row, per_byte = least_squares(
                 [[1.0 / y for y in ys], [x[0] / y for x, y in zip(xs, ys)],

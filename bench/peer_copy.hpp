@@ -1,7 +1,8 @@
-// The roofline: the bytes an op must move, moved over the transport's raw link and nothing else
+// The per-peer copy: the bytes an op sends, moved over the transport's raw link and nothing else
 // (no layout, no count exchange, no signals, no metadata), with the same bytes per peer as
-// epcomm moves, measured in the same run and the same interleaved loop. Its time is the lower
-// bound the op is held to.
+// epcomm moves, measured in the same run and the same interleaved loop. A yardstick of what the
+// link costs, not a bound: the copy is cold and one per peer, where epcomm may write a token to
+// several ranks from cache (memory_bound.hpp has the bound).
 //
 // A peer-mapped link is a plain memcpy per peer, from a buffer of this rank's into the peer's
 // mapped segment: one thread per rank, every rank at once, as epcomm's host engine copies.
