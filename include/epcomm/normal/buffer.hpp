@@ -57,6 +57,7 @@
 #include "epcomm/core/layout.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/core/topology.hpp"
+#include "epcomm/host/call_queue.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/host/link.hpp"
 #include "epcomm/host/lost_ranks.hpp"
@@ -132,6 +133,7 @@ requires(sizeof...(Tokens) >= 1) &&
   // returns once nothing reads it any more.
   template <one_of<Tokens...> Token = first_token>
   std::span<Token> dispatch_send_buffer(int num_tokens, int hidden) {
+    calls_.drain();
     if (num_tokens < 0 || num_tokens > cap_.max_tokens_per_rank || hidden < 1 ||
         hidden > cap_.max_hidden)
       throw error(rank_, "dispatch_send_buffer", no_peer,
@@ -150,7 +152,7 @@ requires(sizeof...(Tokens) >= 1) &&
   template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
                                   const dispatch_options& opt = {}) {
-    ensure_usable("dispatch");
+    start_call("dispatch");
     const std::uint64_t epoch = ++dispatch_epoch_;
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in, opt);
@@ -205,7 +207,7 @@ requires(sizeof...(Tokens) >= 1) &&
   template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const cached_dispatch_input<Token>& in,
                                   const dispatch_handle& h) {
-    ensure_usable("dispatch");
+    start_call("dispatch");
     const std::uint64_t epoch = ++dispatch_epoch_;
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in, h);
@@ -261,6 +263,7 @@ requires(sizeof...(Tokens) >= 1) &&
   // rows must stay untouched until that combine returns.
   template <one_of<combine_type_t<Tokens>...> Out = first_combine>
   std::span<Out> combine_send_buffer(const dispatch_handle& h) {
+    calls_.drain();
     if (h.world_size != world_ || h.rank != rank_ || h.hidden < 1 || h.hidden > cap_.max_hidden ||
         h.num_recv_tokens < 0 || h.num_recv_tokens > cap_.max_recv_tokens)
       throw error(rank_, "combine_send_buffer", no_peer,
@@ -274,7 +277,7 @@ requires(sizeof...(Tokens) >= 1) &&
   template <one_of<combine_type_t<Tokens>...> Out>
   void combine(const combine_input<Out>& in, const dispatch_handle& h,
                std::type_identity_t<std::span<Out>> out_x, std::span<float> out_weights = {}) {
-    ensure_usable("combine");
+    start_call("combine");
     const std::uint64_t epoch = ++combine_epoch_;
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in, h, out_x, out_weights);
@@ -328,6 +331,36 @@ requires(sizeof...(Tokens) >= 1) &&
     return combine<first_combine>(in, h);
   }
 
+  // DeepEP's async_finish for the host engine: the call runs on this buffer's
+  // communication thread (call_queue), after the calls queued before it,
+  // while the caller goes on; the completion gives its result or its error.
+  // Until it is ready the caller must leave the call's inputs (and out_x,
+  // out_weights) alone. A synchronous call, dispatch_send_buffer and
+  // combine_send_buffer first wait for the queued calls, so a result's views
+  // of the buffer last, as always, until the next dispatch runs.
+  template <one_of<Tokens...> Token>
+  completion<dispatch_result<Token>> dispatch_async(const dispatch_input<Token>& in,
+                                                    const dispatch_options& opt = {}) {
+    return calls_.submit([this, in, opt] { return dispatch<Token>(in, opt); });
+  }
+  completion<dispatch_result<first_token>> dispatch_async(const dispatch_input<first_token>& in,
+                                                          const dispatch_options& opt = {}) {
+    return dispatch_async<first_token>(in, opt);
+  }
+
+  template <one_of<combine_type_t<Tokens>...> Out>
+  completion<void> combine_async(const combine_input<Out>& in, const dispatch_handle& h,
+                                 std::type_identity_t<std::span<Out>> out_x,
+                                 std::span<float> out_weights = {}) {
+    return calls_.submit(
+        [this, in, h, out_x, out_weights] { combine<Out>(in, h, out_x, out_weights); });
+  }
+  completion<void> combine_async(const combine_input<first_combine>& in, const dispatch_handle& h,
+                                 std::span<first_combine> out_x,
+                                 std::span<float> out_weights = {}) {
+    return combine_async<first_combine>(in, h, out_x, out_weights);
+  }
+
  private:
   static constexpr int producer_channel = 0;  // the calling thread
 
@@ -351,6 +384,12 @@ requires(sizeof...(Tokens) >= 1) &&
   std::byte* local(std::size_t offset) { return link_.local(offset); }
 
   void ensure_usable(const char* op) const { guard_.check(rank_, op, link_.aborted()); }
+
+  // A synchronous call runs after the asynchronous ones queued before it.
+  void start_call(const char* op) {
+    calls_.drain();
+    ensure_usable(op);
+  }
 
   // See core/call_guard.hpp: a failed call breaks the buffer and aborts the group.
   template <class F>
@@ -899,6 +938,7 @@ requires(sizeof...(Tokens) >= 1) &&
   // dispatch_send_buffer over a peer-mapped transport: floats, so that any
   // token type is aligned in it.
   std::vector<float> send_tokens_;
+  call_queue calls_;  // last: destroyed first, its queued calls run against a whole buffer
 };
 
 }  // namespace epcomm
