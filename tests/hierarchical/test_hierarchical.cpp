@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "epcomm/hierarchical/buffer.hpp"
+#include "support/async_case.hpp"
 #include "support/run_case.hpp"
 #if defined(EPCOMM_TEST_LIBFABRIC)
 #include "epcomm/libfabric/transport.hpp"
@@ -470,6 +471,18 @@ bool lost_rank_fails_survivors_fast() {
   }                                                                                               \
   TEST_CASE(prefix " a lost rank fails every survivor fast") {                                    \
     CHECK(lost_rank_fails_survivors_fast<Inter>());                                               \
+  }                                                                                               \
+  TEST_CASE(prefix " asynchronous calls over 2 nodes of 2") {                                     \
+    local_launch_options opt;                                                                     \
+    opt.ranks_per_node = 2;                                                                       \
+    const auto codes = launch_local(                                                              \
+        4,                                                                                        \
+        [](local_bootstrap& boot) {                                                               \
+          hier<Inter, bf16> buf(boot, test::async_case_config(4));                                \
+          return test::check_async_calls(buf, boot.rank(), 4);                                    \
+        },                                                                                        \
+        opt);                                                                                     \
+    CHECK(test::all_ok(codes, "asynchronous calls over 2 nodes of 2"));                           \
   }                                                                                               \
   TEST_CASE(prefix " mask_lost_ranks is refused on every rank") {                                 \
     CHECK(masking_is_refused<Inter>());                                                           \

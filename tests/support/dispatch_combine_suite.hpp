@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "support/async_case.hpp"
 #include "support/run_case.hpp"
 
 namespace epcomm::test {
@@ -282,68 +283,9 @@ TEST_CASE_TEMPLATE_DEFINE("asynchronous calls: results, order behind a synchrono
                           dc_async) {
   using namespace epcomm;
   EPCOMM_SUITE_CONTEXT(T);
-  // DeepEP's async_finish: the caller computes while the buffer's thread
-  // communicates, then collects the result. Checked: results equal the
-  // reference; a synchronous dispatch queued behind an asynchronous one runs
-  // after it; one rank's bad input fails every rank's completion, naming it,
-  // and the buffer goes on.
   const auto codes = launch_local(3, [](local_bootstrap& boot) {
-    const int rank = boot.rank();
-    buffer<T, bf16> buf(boot, test::handle_case_config(128));
-    const test::shape s{3, 40, 128, 4, 12, test::routing::random, 81u};
-    const test::shape t{3, 40, 128, 4, 12, test::routing::uneven, 82u};
-    std::vector<test::rank_input<bf16>> all, other;
-    for (int r = 0; r < 3; ++r) {
-      all.push_back(test::make_input<bf16>(s, r));
-      other.push_back(test::make_input<bf16>(t, r));
-    }
-    const auto& mine = all[rank];
-    auto pending = buf.dispatch_async(
-        {s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
-    const auto res = pending.get();
-    if (auto e = test::check_dispatch(s, rank, all, res); !e.empty())
-      return test::fail_rank(rank, "async dispatch: " + e);
-    const auto y = test::expert_rows(res, s.hidden, rank);
-    std::vector<bf16> out_x(static_cast<std::size_t>(s.tokens) * s.hidden);
-    std::vector<float> out_w(static_cast<std::size_t>(s.tokens) * s.topk);
-    auto combined = buf.combine_async({y, res.recv_topk_weights, {}, {}}, res.handle, out_x, out_w);
-    combined.wait();
-    if (!combined.ready()) return test::fail_rank(rank, "a waited completion is not ready");
-    combined.get();
-    if (auto e = test::check_combine(s, mine, combine_result<bf16>{out_x, out_w}); !e.empty())
-      return test::fail_rank(rank, "async combine: " + e);
-
-    // Queued, not waited for: the synchronous dispatch runs second, so its
-    // results are t's, and the first one's handle is s's routing.
-    auto first = buf.dispatch_async(
-        {s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
-    const auto& o = other[rank];
-    const auto second =
-        buf.dispatch({t.tokens, t.hidden, t.topk, o.x, {}, o.topk_idx, o.topk_weights});
-    if (!first.ready() || first.get().handle.count_matrix != res.handle.count_matrix)
-      return test::fail_rank(rank, "the synchronous dispatch did not wait for the queued one");
-    if (auto e = test::check_dispatch(t, rank, other, second); !e.empty())
-      return test::fail_rank(rank, "dispatch behind an async one: " + e);
-
-    std::vector<std::int64_t> bad(mine.topk_idx.begin(), mine.topk_idx.end());
-    if (rank == 2) bad[0] = 99;
-    auto refused =
-        buf.dispatch_async({s.tokens, s.hidden, s.topk, mine.x, {}, bad, mine.topk_weights});
-    try {
-      refused.get();
-      return test::fail_rank(rank, "bad input accepted");
-    } catch (const error& e) {
-      if (std::string(e.what()).find("is outside [-1, 12)") == std::string::npos ||
-          (rank != 2 && e.peer() != 2))
-        return test::fail_rank(rank, e.what());
-    }
-    return test::check_dispatch(
-               s, rank, all,
-               buf.dispatch(
-                   {s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights}))
-                   .empty()
-               ? 0
-               : test::fail_rank(rank, "dispatch after the refused async one");
+    buffer<T, bf16> buf(boot, test::async_case_config(3));
+    return test::check_async_calls(buf, boot.rank(), 3);
   });
   CHECK(test::all_ok(codes, "asynchronous calls"));
 }

@@ -32,6 +32,9 @@
 //
 // Every signal is a counter per (kind, source member) that goes up by one per
 // call, on both transports, whether the call succeeds or is rejected.
+//
+// dispatch_async and combine_async queue a call on the buffer's
+// communication thread and return a completion (normal/async_calls.hpp).
 #pragma once
 
 #include <algorithm>
@@ -55,6 +58,8 @@
 #include "epcomm/core/topology.hpp"
 #include "epcomm/hierarchical/link.hpp"
 #include "epcomm/hierarchical/wire.hpp"
+#include "epcomm/normal/async_calls.hpp"
+#include "epcomm/host/call_queue.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/normal/arguments.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
@@ -73,7 +78,9 @@ struct hierarchical_traffic {
 
 template <class Intra, class Inter, token_type... Tokens>
 requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
-    (peer_mapped_transport<Inter> || has_completion_count<Inter>)class hierarchical_buffer {
+    (peer_mapped_transport<Inter> || has_completion_count<Inter>)class hierarchical_buffer
+    : public async_calls<hierarchical_buffer<Intra, Inter, Tokens...>, Tokens...> {
+  friend class async_calls<hierarchical_buffer, Tokens...>;  // queues on calls_
   static constexpr bool inter_mapped = peer_mapped_transport<Inter>;
   using node_signal = wire::hier::node_signal;
   using rail_signal = wire::hier::rail_signal;
@@ -135,7 +142,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
                                   const dispatch_options& opt = {}) {
-    ensure_usable("dispatch");
+    start_call("dispatch");
     const std::uint64_t epoch = ++dispatch_epoch_;
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in, opt);
@@ -187,7 +194,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   template <one_of<combine_type_t<Tokens>...> Out>
   void combine(const combine_input<Out>& in, const dispatch_handle& h,
                std::type_identity_t<std::span<Out>> out_x, std::span<float> out_weights = {}) {
-    ensure_usable("combine");
+    start_call("combine");
     const std::uint64_t epoch = ++combine_epoch_;
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in, h, out_x, out_weights);
@@ -305,6 +312,12 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   }
 
   void ensure_usable(const char* op) const { guard_.check(rank_, op, false); }
+
+  // A synchronous call runs after the asynchronous ones queued before it.
+  void start_call(const char* op) {
+    calls_.drain();
+    ensure_usable(op);
+  }
 
   void inject(fault::point at, const char* op) {
     fault::inject(at, rank_, op, [&] { abort_links(no_peer); });
@@ -957,6 +970,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   std::uint64_t dispatch_epoch_ = 0;
   std::uint64_t combine_epoch_ = 0;
   call_guard guard_;
+  call_queue calls_;  // last: destroyed first (normal/async_calls.hpp)
 };
 
 }  // namespace epcomm

@@ -18,6 +18,9 @@
 //             free; rows go back in one block per (rank, source); the source
 //             reduces in fp32.
 //
+// dispatch_async and combine_async queue a call on the buffer's
+// communication thread and return a completion (normal/async_calls.hpp).
+//
 // Token types: buffer<T, bf16> serves bf16 calls; buffer<T, bf16, fp8_e4m3,
 // float> serves all three from one set of regions, sized for the widest
 // (rows of the largest element, scales if any type has them), each call's
@@ -57,6 +60,7 @@
 #include "epcomm/core/layout.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/core/topology.hpp"
+#include "epcomm/normal/async_calls.hpp"
 #include "epcomm/host/call_queue.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/host/link.hpp"
@@ -73,7 +77,9 @@ namespace epcomm {
 
 template <transport Transport, token_type... Tokens>
 requires(sizeof...(Tokens) >= 1) &&
-    (peer_mapped_transport<Transport> || has_completion_count<Transport>)class buffer {
+    (peer_mapped_transport<Transport> || has_completion_count<Transport>)class buffer
+    : public async_calls<buffer<Transport, Tokens...>, Tokens...> {
+  friend class async_calls<buffer, Tokens...>;  // queues on calls_
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
   static constexpr bool via_proxy = host_link<Transport>::via_proxy;
   // Masking needs every byte to a peer stored by this rank (no proxy holding
@@ -329,36 +335,6 @@ requires(sizeof...(Tokens) >= 1) &&
   combine_result<first_combine> combine(const combine_input<first_combine>& in,
                                         const dispatch_handle& h) {
     return combine<first_combine>(in, h);
-  }
-
-  // DeepEP's async_finish for the host engine: the call runs on this buffer's
-  // communication thread (call_queue), after the calls queued before it,
-  // while the caller goes on; the completion gives its result or its error.
-  // Until it is ready the caller must leave the call's inputs (and out_x,
-  // out_weights) alone. A synchronous call, dispatch_send_buffer and
-  // combine_send_buffer first wait for the queued calls, so a result's views
-  // of the buffer last, as always, until the next dispatch runs.
-  template <one_of<Tokens...> Token>
-  completion<dispatch_result<Token>> dispatch_async(const dispatch_input<Token>& in,
-                                                    const dispatch_options& opt = {}) {
-    return calls_.submit([this, in, opt] { return dispatch<Token>(in, opt); });
-  }
-  completion<dispatch_result<first_token>> dispatch_async(const dispatch_input<first_token>& in,
-                                                          const dispatch_options& opt = {}) {
-    return dispatch_async<first_token>(in, opt);
-  }
-
-  template <one_of<combine_type_t<Tokens>...> Out>
-  completion<void> combine_async(const combine_input<Out>& in, const dispatch_handle& h,
-                                 std::type_identity_t<std::span<Out>> out_x,
-                                 std::span<float> out_weights = {}) {
-    return calls_.submit(
-        [this, in, h, out_x, out_weights] { combine<Out>(in, h, out_x, out_weights); });
-  }
-  completion<void> combine_async(const combine_input<first_combine>& in, const dispatch_handle& h,
-                                 std::span<first_combine> out_x,
-                                 std::span<float> out_weights = {}) {
-    return combine_async<first_combine>(in, h, out_x, out_weights);
   }
 
  private:
@@ -938,7 +914,7 @@ requires(sizeof...(Tokens) >= 1) &&
   // dispatch_send_buffer over a peer-mapped transport: floats, so that any
   // token type is aligned in it.
   std::vector<float> send_tokens_;
-  call_queue calls_;  // last: destroyed first, its queued calls run against a whole buffer
+  call_queue calls_;  // last: destroyed first (normal/async_calls.hpp)
 };
 
 }  // namespace epcomm
