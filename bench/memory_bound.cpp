@@ -25,9 +25,12 @@ double copy_bandwidth(MPI_Comm comm, std::size_t bytes) {
   return 2.0 * static_cast<double>(bytes) / slowest;
 }
 
-memory_traffic must_move(const traffic& t, int tokens, std::size_t dispatch_row) {
-  return {static_cast<double>(tokens) * static_cast<double>(dispatch_row) + t.dispatch_bytes,
-          2.0 * t.combine_bytes};
+memory_traffic must_move(const traffic& t, int tokens, std::size_t dispatch_row,
+                         std::size_t combine_row) {
+  const double sent_rows = t.dispatch_bytes / static_cast<double>(dispatch_row);
+  const double rows_and_tokens = sent_rows + static_cast<double>(tokens);
+  return {rows_and_tokens * static_cast<double>(dispatch_row),
+          rows_and_tokens * static_cast<double>(combine_row)};
 }
 
 }  // namespace epcomm::bench

@@ -3,9 +3,11 @@
 // this host, so an op's fraction of it is at most 1; the driver checks that and says so when a
 // measurement breaks it.
 //
-// The bytes, the busiest rank's: dispatch reads each of its rows once and writes each once per
-// destination rank; combine reads each received row once and writes it once on its way back.
-// Payload and fp8 scales; no metadata. The same definition as bench/python/epcomm_vs_torch.py.
+// The bytes, the busiest rank's: dispatch reads each of its tokens once and writes it once per
+// destination rank; combine is the reverse: it reads each row that comes back to the rank once
+// (wherever it lies: a reduction may read it from the expert rank's memory, so nothing obliges
+// it to be written on its way back) and writes each of its tokens once. Payload and fp8
+// scales; no metadata. The same definition as bench/python/epcomm_vs_torch.py.
 #pragma once
 
 #include <mpi.h>
@@ -27,7 +29,8 @@ struct memory_traffic {
 };
 
 // This rank's unavoidable memory traffic for the transfers `t`, with `tokens` source rows of
-// `dispatch_row` bytes.
-memory_traffic must_move(const traffic& t, int tokens, std::size_t dispatch_row);
+// `dispatch_row` bytes going out and of `combine_row` bytes coming back.
+memory_traffic must_move(const traffic& t, int tokens, std::size_t dispatch_row,
+                         std::size_t combine_row);
 
 }  // namespace epcomm::bench

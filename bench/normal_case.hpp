@@ -84,7 +84,7 @@ class normal_case final : public bench_case {
 
     traffic_ = plan_traffic(rank_pair_counts(comm_, input_.topk_idx, w_.topk, w_.experts / world_),
                             world_, rank_, dispatch_row_bytes(w_), combine_row_bytes(w_));
-    moved_ = must_move(traffic_, w_.tokens, dispatch_row_bytes(w_));
+    moved_ = must_move(traffic_, w_.tokens, dispatch_row_bytes(w_), combine_row_bytes(w_));
     return {};
   }
 

@@ -8,8 +8,8 @@ routing, and against a physical bound, side by side in one run.
 Normal mode, bf16. Each iteration times epcomm, then the baseline, on every rank
 between barriers; an op's time is the busiest rank's. Before timing, both
 contenders' results are compared and must be equal. The bound is the bytes that
-must move (each source row read once and written once per destination rank,
-combine the reverse) over the memory bandwidth every rank's core gets when all
+must move (each source row read once and written once per destination rank;
+combine the reverse: each row coming back read once, each token written once) over the memory bandwidth every rank's core gets when all
 copy at once, measured in the same run: no implementation can beat it, so
 `fraction_of_bound` is at most 1 (checked).
 """
@@ -119,14 +119,13 @@ def run_shape(rank, world, args, tokens, buf, baseline, bandwidth):
     if not torch.equal(epcomm_combine(recv_x, handle), baseline.combine(base_x, base_handle)):
         raise SystemExit(f"rank {rank}: combine results differ from the baseline's")
 
-    # Bytes this rank must move: its rows read once and written once per
-    # destination rank (dispatch), the received rows read and written back
-    # (combine); the busiest rank sets the pace.
+    # Bytes this rank must move: its tokens read once and written once per
+    # destination rank (dispatch); the rows coming back read once and its
+    # tokens written once (combine). The busiest rank sets the pace.
     row = args.hidden * 2
     dest = topk_idx // (args.experts // world)
     sent_rows = int(torch.stack([(dest == r).any(dim=1) for r in range(world)], dim=1).sum())
-    must_move = torch.tensor([(tokens + sent_rows) * row, (recv_x.size(0) * 2) * row],
-                             dtype=torch.float64)
+    must_move = torch.tensor([(tokens + sent_rows) * row] * 2, dtype=torch.float64)
     dist.all_reduce(must_move, op=dist.ReduceOp.MAX, group=buf.group)
     bound = {"dispatch": must_move[0].item() / bandwidth,
              "combine": must_move[1].item() / bandwidth}

@@ -1,7 +1,8 @@
 // The blocked combine reduction against the plain per-channel loop it
 // replaces: bit for bit (NaN payloads aside), for every output/row type pair the buffers use,
 // hidden sizes around the 64-channel block, 0..9 rows, with and without
-// biases, and through NaN, infinities and values that round.
+// biases, and through NaN, infinities and values that round; once for each
+// instruction set this CPU runs (the baseline, AVX2, AVX-512).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -62,8 +63,17 @@ T draw(std::mt19937& gen) {
   }
 }
 
+// Every instruction set the reduction may run with here, narrowest first.
+std::vector<detail::reduce_isa> runnable_isas() {
+  std::vector<detail::reduce_isa> isas;
+  for (auto isa :
+       {detail::reduce_isa::baseline, detail::reduce_isa::avx2, detail::reduce_isa::avx512})
+    if (isa <= detail::widest_reduce_isa()) isas.push_back(isa);
+  return isas;
+}
+
 template <class Out, class Row>
-void check_against_plain(std::uint32_t seed) {
+void check_against_plain(detail::reduce_isa isa, std::uint32_t seed) {
   std::mt19937 gen(seed);
   for (std::size_t hidden : {1u, 7u, 63u, 64u, 65u, 128u, 200u, 2048u, 7168u}) {
     for (std::size_t nrows = 0; nrows <= 9; nrows += 3) {
@@ -80,9 +90,10 @@ void check_against_plain(std::uint32_t seed) {
         const std::vector<Out>* p1 = biases >= 2 ? &b1 : nullptr;
         const auto want = plain<Out, Row>(hidden, rows, p0, p1);
         std::vector<Out> got(hidden);
-        reduce_token<Out, Row>(got.data(), hidden, ptrs, p0 ? p0->data() : nullptr,
-                               p1 ? p1->data() : nullptr);
-        INFO("hidden ", hidden, " rows ", nrows, " biases ", biases);
+        detail::reduce_channels_on<Out, Row>(isa, got.data(), hidden, ptrs, nullptr,
+                                             p0 ? p0->data() : nullptr, p1 ? p1->data() : nullptr);
+        INFO("isa ", static_cast<int>(isa), " hidden ", hidden, " rows ", nrows, " biases ",
+             biases);
         CHECK(same_bits(got, want));
       }
     }
@@ -91,35 +102,47 @@ void check_against_plain(std::uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE("reduce_token equals the per-channel loop bit for bit") {
-  check_against_plain<bf16, bf16>(1);
-  check_against_plain<float, float>(2);
-  check_against_plain<float, bf16>(3);  // hierarchical partial sums
-  check_against_plain<bf16, float>(4);  // hierarchical final sum
+TEST_CASE("reduce_token equals the per-channel loop bit for bit, on every instruction set") {
+  MESSAGE("instruction sets checked: ", runnable_isas().size(), " of 3");
+  for (auto isa : runnable_isas()) {
+    check_against_plain<bf16, bf16>(isa, 1);
+    check_against_plain<float, float>(isa, 2);
+    check_against_plain<float, bf16>(isa, 3);  // hierarchical partial sums
+    check_against_plain<bf16, float>(isa, 4);  // hierarchical final sum
+  }
+  std::vector<bf16> row(100, bf16{0x3f80}), got(100);
+  const bf16* rows[] = {row.data(), row.data()};
+  reduce_token<bf16, bf16>(got.data(), got.size(), rows);  // the widest, as the buffers call it
+  CHECK(to_float(got[99]) == 2.0f);
 }
 
-TEST_CASE("reduce_token_weighted equals the weighted per-channel loop bit for bit") {
-  std::mt19937 gen(5);
-  std::normal_distribution<float> weight(0.0f, 1.0f);
-  for (std::size_t hidden : {1u, 65u, 128u, 7168u}) {
-    for (std::size_t nrows = 0; nrows <= 8; nrows += 4) {
-      std::vector<std::vector<bf16>> rows(nrows, std::vector<bf16>(hidden));
-      std::vector<float> w(nrows);
-      std::vector<const bf16*> ptrs;
-      for (std::size_t r = 0; r < nrows; ++r) {
-        for (auto& v : rows[r]) v = draw<bf16>(gen);
-        w[r] = weight(gen);
-        ptrs.push_back(rows[r].data());
+TEST_CASE(
+    "reduce_token_weighted equals the weighted per-channel loop bit for bit, on every "
+    "instruction set") {
+  for (auto isa : runnable_isas()) {
+    std::mt19937 gen(5);
+    std::normal_distribution<float> weight(0.0f, 1.0f);
+    for (std::size_t hidden : {1u, 65u, 128u, 7168u}) {
+      for (std::size_t nrows = 0; nrows <= 8; nrows += 4) {
+        std::vector<std::vector<bf16>> rows(nrows, std::vector<bf16>(hidden));
+        std::vector<float> w(nrows);
+        std::vector<const bf16*> ptrs;
+        for (std::size_t r = 0; r < nrows; ++r) {
+          for (auto& v : rows[r]) v = draw<bf16>(gen);
+          w[r] = weight(gen);
+          ptrs.push_back(rows[r].data());
+        }
+        std::vector<bf16> want(hidden), got(hidden);
+        for (std::size_t c = 0; c < hidden; ++c) {
+          float acc = 0.0f;
+          for (std::size_t r = 0; r < nrows; ++r) acc += w[r] * to_float(rows[r][c]);
+          want[c] = to_bf16(acc);
+        }
+        detail::reduce_channels_on<bf16, bf16>(isa, got.data(), hidden, ptrs, w.data(), nullptr,
+                                               nullptr);
+        INFO("isa ", static_cast<int>(isa), " hidden ", hidden, " rows ", nrows);
+        CHECK(same_bits(got, want));
       }
-      std::vector<bf16> want(hidden), got(hidden);
-      for (std::size_t c = 0; c < hidden; ++c) {
-        float acc = 0.0f;
-        for (std::size_t r = 0; r < nrows; ++r) acc += w[r] * to_float(rows[r][c]);
-        want[c] = to_bf16(acc);
-      }
-      reduce_token_weighted<bf16, bf16>(got.data(), hidden, ptrs, w.data());
-      INFO("hidden ", hidden, " rows ", nrows);
-      CHECK(same_bits(got, want));
     }
   }
 }
