@@ -5,8 +5,11 @@ on one host). Normal mode's bf16 and fp8 calls share one engine, fp32 calls
 have their own, and each low-latency shape gets its own; an engine is built
 on first use by a call every rank makes with the same type and sizes (DeepEP
 requires the same of its callers), so one Buffer serves bf16, fp8 and fp32
-calls. Calls on CPU tensors complete before they return: the
-EventOverlap they give back has nothing left to wait for.
+calls. Calls on CPU tensors complete before they return, and the
+EventOverlap they give back has nothing left to wait for, except a combine
+with async_finish=True: it runs on the engine's communication thread while
+the caller goes on, and its EventOverlap waits for it. A previous_event is
+waited for before a call starts.
 """
 
 import datetime
@@ -26,9 +29,12 @@ def _dl(t):
 
 
 class EventOverlap:
-    """DeepEP's EventOverlap. A CPU call has completed when it returns, so
-    `event` is None and waiting is immediate; the context-manager form works
-    as in DeepEP."""
+    """DeepEP's EventOverlap. A call made without async_finish has completed
+    when it returns: `event` is None and waiting is immediate. A combine made
+    with async_finish=True runs on the buffer's communication thread: `event`
+    is that pending call, and its outputs may be read only after
+    current_stream_wait(), which raises the call's epcomm.Error if it failed.
+    The context-manager form works as in DeepEP."""
 
     def __init__(self, event=None, extra_tensors=None):
         self.event = event
@@ -43,6 +49,19 @@ class EventOverlap:
 
     def __exit__(self, *exc):
         self.current_stream_wait()
+
+
+class _PendingEvent:
+    """EventOverlap.event of a call on the communication thread."""
+
+    def __init__(self, pending):
+        self.pending = pending
+
+    def query(self):
+        return self.pending.ready()
+
+    def current_stream_wait(self):
+        self.pending.wait()
 
 
 class Config:
@@ -230,6 +249,8 @@ class Buffer:
         top-k results are None."""
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         self._host_only("dispatch", x)
+        if previous_event is not None:
+            previous_event.current_stream_wait()
         if handle is not None:
             if not isinstance(handle, _NormalHandle):
                 raise error(self.rank, "dispatch", "invalid input: handle is not a dispatch handle "
@@ -303,8 +324,14 @@ class Buffer:
         out_weights = torch.empty(cpp.num_tokens, cpp.topk, dtype=torch.float32) \
             if topk_weights is not None else None
         kind = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(x.dtype, str(x.dtype))
-        handle.engine.combine(kind, _dl(x), cpp, _dl(topk_weights), _dl(bias_0), _dl(bias_1),
-                              to_dlpack(out), _dl(out_weights))
+        args = (kind, _dl(x), cpp, _dl(topk_weights), _dl(bias_0), _dl(bias_1), to_dlpack(out),
+                _dl(out_weights))
+        if previous_event is not None:
+            previous_event.current_stream_wait()
+        if async_finish:
+            pending = _PendingEvent(handle.engine.combine_async(*args))
+            return out, out_weights, EventOverlap(pending, (x, topk_weights, bias, out, out_weights))
+        handle.engine.combine(*args)
         return out, out_weights, EventOverlap()
 
     def get_combine_buffer(self, handle):

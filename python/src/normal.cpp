@@ -12,11 +12,14 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "bindings.hpp"
 #include "dlpack_tensor.hpp"
+#include "epcomm/host/completion.hpp"
 #include "epcomm/normal/buffer.hpp"
 #include "epcomm/shm/transport.hpp"
 #include "group_bootstrap.hpp"
@@ -38,6 +41,43 @@ void for_type(std::string_view kind, const call_site& at, F&& f) {
   throw error(at.rank, at.op, no_peer,
               "invalid input: this buffer serves " + names + ", not " + std::string(kind));
 }
+
+// A call running on the engine's communication thread (async_finish). It
+// holds the Python objects whose memory the call reads and writes, and it is
+// never let go of before the call has finished: a pending call dropped
+// unwaited waits in its destructor, or the call would write into freed
+// tensors.
+class pending_call {
+ public:
+  pending_call(completion<void> done, py::tuple keep)
+      : done_(std::move(done)), keep_(std::move(keep)) {}
+  pending_call(const pending_call&) = delete;
+  pending_call& operator=(const pending_call&) = delete;
+  ~pending_call() {
+    if (waited_) return;
+    py::gil_scoped_release free;
+    done_.wait();
+  }
+
+  bool ready() const { return waited_ || done_.ready(); }
+
+  // Blocks until the call has finished and raises its error, once; later
+  // waits return at once.
+  void wait() {
+    if (waited_) return;
+    {
+      py::gil_scoped_release free;
+      done_.wait();
+    }
+    waited_ = true;
+    done_.get();
+  }
+
+ private:
+  completion<void> done_;
+  py::tuple keep_;
+  bool waited_ = false;
+};
 
 template <class... Tokens>
 class normal_buffer {
@@ -86,6 +126,42 @@ class normal_buffer {
   void combine(std::string_view kind, const py::object& y, const dispatch_handle& h,
                const py::object& topk_weights, const py::object& bias_0, const py::object& bias_1,
                const py::object& out_x, const py::object& out_weights) {
+    with_combine_args(
+        kind, y, topk_weights, bias_0, bias_1, out_x, out_weights,
+        [&]<class Out>(const combine_input<Out>& in, std::span<Out> ox, std::span<float> ow) {
+          py::gil_scoped_release free;
+          engine_->template combine<Out>(in, h, ox, ow);
+        });
+  }
+
+  // combine on the engine's communication thread: returns at once with the
+  // call pending, which keeps every argument alive until it has finished.
+  std::unique_ptr<pending_call> combine_async(std::string_view kind, const py::object& y,
+                                              const dispatch_handle& h,
+                                              const py::object& topk_weights,
+                                              const py::object& bias_0, const py::object& bias_1,
+                                              const py::object& out_x,
+                                              const py::object& out_weights) {
+    std::unique_ptr<pending_call> pending;
+    with_combine_args(
+        kind, y, topk_weights, bias_0, bias_1, out_x, out_weights,
+        [&]<class Out>(const combine_input<Out>& in, std::span<Out> ox, std::span<float> ow) {
+          pending = std::make_unique<pending_call>(
+              engine_->template combine_async<Out>(in, h, ox, ow),
+              py::make_tuple(y, topk_weights, bias_0, bias_1, out_x, out_weights));
+        });
+    return pending;
+  }
+
+  engine& get() { return *engine_; }
+
+ private:
+  // f.template operator()<Out>(input, out_x, out_weights) with combine's
+  // arguments read as `kind`, y's element type.
+  template <class F>
+  void with_combine_args(std::string_view kind, const py::object& y, const py::object& topk_weights,
+                         const py::object& bias_0, const py::object& bias_1,
+                         const py::object& out_x, const py::object& out_weights, F&& f) {
     const call_site at{engine_->rank(), "combine"};
     for_type<combine_type_t<Tokens>...>(kind, at, [&]<class Out>() {
       const auto ys = read_tensor<const Out>(y, "x", at);
@@ -94,16 +170,11 @@ class normal_buffer {
                             read_tensor<const Out>(bias_0, "bias[0]", at).data,
                             read_tensor<const Out>(bias_1, "bias[1]", at).data};
       if (weights.given) in.topk_weights = weights.data;
-      const auto ox = read_tensor<Out>(out_x, "out", at);
-      const auto ow = read_tensor<float>(out_weights, "out topk_weights", at);
-      py::gil_scoped_release free;
-      engine_->template combine<Out>(in, h, ox.data, ow.data);
+      f.template operator()<Out>(in, read_tensor<Out>(out_x, "out", at).data,
+                                 read_tensor<float>(out_weights, "out topk_weights", at).data);
     });
   }
 
-  engine& get() { return *engine_; }
-
- private:
   template <class Token>
   py::tuple dispatch_as(py::object self, const call_site& at, const py::object& x,
                         const py::object& x_scales, const py::object& topk_idx,
@@ -196,6 +267,7 @@ void bind_normal_buffer(py::module_& m, const char* name) {
              return self.cast<B&>().combine_send_buffer(self, h);
            })
       .def("combine", &B::combine)
+      .def("combine_async", &B::combine_async)
       .def_property_readonly("rank", [](B& b) { return b.get().rank(); })
       .def_property_readonly("world_size", [](B& b) { return b.get().world_size(); })
       .def("lost_ranks", [](B& b) { return b.get().lost_ranks(); })
@@ -206,6 +278,9 @@ void bind_normal_buffer(py::module_& m, const char* name) {
 }  // namespace
 
 void bind_normal(py::module_& m) {
+  py::class_<pending_call>(m, "PendingCall")
+      .def("ready", &pending_call::ready)
+      .def("wait", &pending_call::wait);
   py::class_<dispatch_handle>(m, "DispatchHandle")
       .def_readonly("rank", &dispatch_handle::rank)
       .def_readonly("world_size", &dispatch_handle::world_size)

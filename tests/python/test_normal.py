@@ -144,6 +144,46 @@ def test_cached_dispatch_alignment_worst_case_bias():
     run_ranks(_options, 3)
 
 
+def _async_combine(rank, world):
+    buf = _buffer()
+    xs, idxs, ws = _inputs(21, world, 14, "random", torch.bfloat16)
+    recv_x, recv_w, handle = _dispatch_and_check(buf, rank, world, xs, idxs, ws)
+    want, want_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
+
+    # async_finish: the outputs are the synchronous call's once waited for.
+    out, out_w, event = buf.combine(recv_x, handle, topk_weights=recv_w, async_finish=True)
+    assert event.event is not None
+    with event:
+        pass
+    assert torch.equal(out, want) and torch.equal(out_w, want_w)
+    event.current_stream_wait()  # a second wait returns at once
+
+    # A pending combine dropped unwaited finishes before its tensors go; the
+    # next call (previous_event: another pending combine) sees a whole buffer.
+    buf.combine(recv_x.clone(), handle, async_finish=True)
+    _, _, pending = buf.combine(recv_x, handle, async_finish=True)
+    recv_x, recv_w, handle = _dispatch_and_check(buf, rank, world, xs, idxs, ws,
+                                                 previous_event=pending)
+
+    # An error of the call on the communication thread is raised by the wait,
+    # on every rank, naming the rank whose input was wrong.
+    y = recv_x[:-1] if rank == 1 and recv_x.size(0) > 0 else recv_x
+    _, _, event = buf.combine(y, handle, async_finish=True)
+    try:
+        event.current_stream_wait()
+        raise AssertionError("a combine with rows missing on rank 1 was accepted")
+    except epcomm.Error as e:
+        assert e.rank == rank and e.op == "combine", str(e)
+        assert e.peer == (None if rank == 1 else 1), str(e)
+    out, _, event = buf.combine(recv_x, handle, async_finish=True)
+    event.current_stream_wait()
+    assert torch.equal(out, want)
+
+
+def test_async_combine_waits_raises_and_keeps_its_tensors():
+    run_ranks(_async_combine, 3)
+
+
 def _bad_input(rank, world):
     buf = _buffer()
     xs, idxs, ws = _inputs(9, world, 8, "random", torch.bfloat16)
