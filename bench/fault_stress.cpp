@@ -96,7 +96,8 @@ std::set<std::string> shm_entries() {
 }
 
 // One cell: the group runs, each survivor's outcome is classified, and what it left in /dev/shm
-// is counted and removed (every process of the cell has ended, so nothing there is in use).
+// is counted. Not removed: a name alone does not say whose an entry is, and another job's
+// segments must not vanish under it (run the target alone, so that nothing else adds entries).
 void run_cell(const fabric& f, fault::action what, fault::point at, int world, const timing& tm,
               tally& t) {
   const auto before = shm_entries();
@@ -134,7 +135,6 @@ void run_cell(const fabric& f, fault::action what, fault::point at, int world, c
       ++t.leftovers;
       std::fprintf(stderr, "%s %s @ %s, %d ranks: left /dev/shm/%s\n", f.name.c_str(),
                    action_name(what), fault::name(at), world, name.c_str());
-      std::filesystem::remove(std::filesystem::path("/dev/shm") / name);
     }
 }
 
