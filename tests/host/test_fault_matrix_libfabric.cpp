@@ -3,7 +3,10 @@
 // transport mid-protocol (normal mode or low latency) is named by every
 // survivor, from its detected loss or a relayed abort (abort words written
 // into the peers' registered memory), and the survivors re-form on new
-// endpoints. CTest runs it with FI_PROVIDER=tcp;ofi_rxm on loopback.
+// endpoints. CTest runs it with FI_PROVIDER=tcp;ofi_rxm on loopback and with
+// FI_PROVIDER=shm, where a victim's exit mid-combine used to hold up the
+// other survivor's abort in the provider's queue until aborts got a lane of
+// their own.
 #include "epcomm/libfabric/transport.hpp"
 #include "support/fault_matrix.hpp"
 

@@ -27,9 +27,11 @@
 // (options::memory; FI_HMEM with iface FI_HMEM_CUDA, asked of the provider
 // only then). The registrations honour the provider's mr_mode (FI_MR_LOCAL,
 // FI_MR_VIRT_ADDR, FI_MR_ALLOCATED, FI_MR_PROV_KEY, FI_MR_ENDPOINT, and
-// FI_MR_HMEM for device memory); keys and addresses are exchanged through
-// the bootstrap, and the address vector is
-// filled in rank order; connections are made at construction. Remote CQ
+// FI_MR_HMEM for device memory); the abort lane registers the control region
+// once more for its endpoint. Keys and addresses are exchanged through
+// the bootstrap, and the address vectors are
+// filled in rank order; connections (the abort lane's too) are made at
+// construction. Remote CQ
 // data is packed into 32 bits, the most EFA carries. Calls are serialized by
 // a mutex, so wait() and barrier() may run while a proxy thread issues
 // operations and progresses.
@@ -42,7 +44,12 @@
 // rank's abort word (transport/peer_abort.hpp) into its abort-word array, carrying remote
 // CQ data on the peer's abort slot for this rank: the count says the word has
 // landed, the word names the rank to blame. The writes are posted, never
-// awaited, so a peer that stopped draining cannot hold abort() up.
+// awaited, so a peer that stopped draining cannot hold abort() up. They go
+// through an endpoint of their own (the abort lane: its own completion queue,
+// address vector and registration of the control region), so that they
+// never queue behind the data: over the shm provider a dead sender's large
+// write can hold up every command behind it in a receiver's queue, and the
+// survivors' aborts with them.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -124,7 +131,7 @@ class transport : public proxy::rma_transport_base {
             const options& opt = {})
       : rma_transport_base(boot.rank(), boot.world_size(), bytes, signal_slots,
                            effective_timeout(opt.timeout), "libfabric"),
-        counters_(signal_slots + 3 * static_cast<std::size_t>(boot.world_size())),
+        counters_(signal_slots + 4 * static_cast<std::size_t>(boot.world_size())),
         peers_(boot.world_size()),
         processes_(boot.world_size()) {
     if (counters_.size() > max_signal_slots)
@@ -356,12 +363,15 @@ class transport : public proxy::rma_transport_base {
     std::uint64_t remote_off;  // from the start of the peer's region
     std::size_t bytes;
     std::optional<std::uint64_t> cq_data;
+    bool on_abort_lane;  // posted through the abort lane's endpoint
   };
 
   struct peer_state {
     fi_addr_t addr = FI_ADDR_UNSPEC;
     remote_region regions[2];
-    proxy::completion_window writes;  // every data write to this peer, in issue order
+    fi_addr_t abort_addr = FI_ADDR_UNSPEC;  // the peer's abort lane
+    remote_region abort_words;              // its control region, as its abort lane registered it
+    proxy::completion_window writes;        // every data write to this peer, in issue order
     std::deque<deferred> held;
     std::deque<posted*> backlog;  // refused with -FI_EAGAIN, posted again in order
   };
@@ -369,7 +379,10 @@ class transport : public proxy::rma_transport_base {
   struct announcement {
     std::uint8_t addr[232];
     std::uint64_t addrlen;
+    std::uint8_t abort_addr[232];
+    std::uint64_t abort_addrlen;
     remote_region regions[2];
+    remote_region abort_words;
     std::uint64_t bytes;
     proxy::process_identity process;
   };
@@ -383,6 +396,7 @@ class transport : public proxy::rma_transport_base {
   // abort notices, one of each per rank.
   std::size_t hello_slot(int peer) const { return user_slots_ + world_ + peer; }
   std::size_t abort_slot(int peer) const { return user_slots_ + 2 * world_ + peer; }
+  std::size_t lane_hello_slot(int peer) const { return user_slots_ + 3 * world_ + peer; }
 
   std::uint64_t counter(std::size_t slot) const {
     return std::atomic_ref<const std::uint64_t>(counters_[slot]).load(std::memory_order_acquire);
@@ -572,31 +586,51 @@ class transport : public proxy::rma_transport_base {
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_fabric", r);
     r = fi_domain(fabric_, info_, &domain_, nullptr);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_domain", r);
+    // Files of this host's dead epcomm processes go first (shm provider).
+    if (over_shm()) shm_regions::remove_orphans();
+    open_rdm_endpoint(info_, cq_, av_, ep_);
+    // The abort lane carries one 8-byte write per peer, once: small queues
+    // (a write the provider refuses for now waits in the peer's queue).
+    fi_info* lane = fi_dupinfo(info_);
+    if (lane == nullptr) fail("libfabric setup", no_peer, "fi_dupinfo failed");
+    const std::size_t lane_depth = std::max<std::size_t>(64, static_cast<std::size_t>(world_));
+    lane->tx_attr->size = std::min(lane->tx_attr->size, lane_depth);
+    lane->rx_attr->size = std::min(lane->rx_attr->size, lane_depth);
+    try {
+      open_rdm_endpoint(lane, lane_.cq, lane_.av, lane_.ep);
+    } catch (...) {
+      fi_freeinfo(lane);
+      throw;
+    }
+    fi_freeinfo(lane);
+  }
+
+  // An endpoint of `info` with a completion queue and an address vector of
+  // its own, enabled. Over the shm provider its file gets an epcomm name, so
+  // that a survivor, or the next start, can tell when it is orphaned.
+  void open_rdm_endpoint(fi_info* info, fid_cq*& cq, fid_av*& av, fid_ep*& ep) {
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_DATA;
     cq_attr.wait_obj = FI_WAIT_NONE;
-    r = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
+    long r = fi_cq_open(domain_, &cq_attr, &cq, nullptr);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_cq_open", r);
     fi_av_attr av_attr{};
     av_attr.type = FI_AV_TABLE;
     av_attr.count = static_cast<std::size_t>(world_);
-    r = fi_av_open(domain_, &av_attr, &av_, nullptr);
+    r = fi_av_open(domain_, &av_attr, &av, nullptr);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_av_open", r);
-    r = fi_endpoint(domain_, info_, &ep_, nullptr);
+    r = fi_endpoint(domain_, info, &ep, nullptr);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_endpoint", r);
-    r = fi_ep_bind(ep_, &av_->fid, 0);
+    r = fi_ep_bind(ep, &av->fid, 0);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_ep_bind(av)", r);
-    r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+    r = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_ep_bind(cq)", r);
     if (over_shm()) {
-      // Files of this host's dead epcomm processes go first; this one's is
-      // named so that a survivor, or the next start, can tell it is orphaned.
-      shm_regions::remove_orphans();
       const std::string address = shm_regions::next_address();
-      r = fi_setname(&ep_->fid, const_cast<char*>(address.c_str()), address.size() + 1);
+      r = fi_setname(&ep->fid, const_cast<char*>(address.c_str()), address.size() + 1);
       if (r != 0) fail_fi("libfabric setup", no_peer, "fi_setname", r);
     }
-    r = fi_enable(ep_);
+    r = fi_enable(ep);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_enable", r);
   }
 
@@ -610,56 +644,48 @@ class transport : public proxy::rma_transport_base {
   void register_memory() {
     // Keys count only where the provider lets the application choose them;
     // they differ, as keys must within a domain.
-    register_region(local_[control_region], 0x45504330);
-    register_region(local_[data_region], 0x45504331);
+    for (int i : {control_region, data_region})
+      register_region(local_[i].memory, 0x45504330 + static_cast<std::uint64_t>(i), ep_,
+                      local_[i].mr, local_[i].desc);
+    register_region(local_[control_region].memory, 0x45504332, lane_.ep, lane_.mr, lane_.desc);
     virt_addr_ = (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
   }
 
-  void register_region(local_region& r, std::uint64_t requested_key) {
-    const iovec iov{r.memory.data(), r.memory.bytes()};
+  // Registers `memory` for `ep` (bound to it where the provider wants that).
+  void register_region(const proxy::symmetric_memory& memory, std::uint64_t requested_key,
+                       fid_ep* ep, fid_mr*& mr, void*& desc) {
+    const iovec iov{memory.data(), memory.bytes()};
     fi_mr_attr attr{};
     attr.mr_iov = &iov;
     attr.iov_count = 1;
     attr.access = FI_WRITE | FI_REMOTE_WRITE;
     attr.requested_key = requested_key;
     attr.iface = FI_HMEM_SYSTEM;
-    if (r.memory.on_device()) {
+    if (memory.on_device()) {
       attr.iface = FI_HMEM_CUDA;
-      attr.device.cuda = r.memory.placement().cuda_device;
+      attr.device.cuda = memory.placement().cuda_device;
     }
-    long rc = fi_mr_regattr(domain_, &attr, 0, &r.mr);
+    long rc = fi_mr_regattr(domain_, &attr, 0, &mr);
     if (rc != 0)
       fail_fi("libfabric setup", no_peer,
-              r.memory.on_device() ? "fi_mr_regattr (FI_HMEM_CUDA)" : "fi_mr_regattr", rc);
+              memory.on_device() ? "fi_mr_regattr (FI_HMEM_CUDA)" : "fi_mr_regattr", rc);
     if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
-      rc = fi_mr_bind(r.mr, &ep_->fid, 0);
+      rc = fi_mr_bind(mr, &ep->fid, 0);
       if (rc != 0) fail_fi("libfabric setup", no_peer, "fi_mr_bind", rc);
-      rc = fi_mr_enable(r.mr);
+      rc = fi_mr_enable(mr);
       if (rc != 0) fail_fi("libfabric setup", no_peer, "fi_mr_enable", rc);
     }
-    r.desc = fi_mr_desc(r.mr);
+    desc = fi_mr_desc(mr);
   }
 
   template <bootstrap B>
   void exchange(B& boot, const deadline& dl) {
     announcement mine{};
-    std::size_t len = sizeof(mine.addr);
-    const int r = fi_getname(&ep_->fid, mine.addr, &len);
-    if (r != 0) {
-      if (r == -FI_ETOOSMALL)
-        fail("libfabric setup", no_peer,
-             "endpoint address of " + std::to_string(len) + " bytes exceeds " +
-                 std::to_string(sizeof(mine.addr)));
-      fail_fi("libfabric setup", no_peer, "fi_getname", r);
-    }
-    mine.addrlen = len;
-    for (int i : {control_region, data_region}) {
-      mine.regions[i].key = fi_mr_key(local_[i].mr);
-      if (mine.regions[i].key == FI_KEY_NOTAVAIL)
-        fail("libfabric setup", no_peer, "the provider did not give a memory region a key");
-      mine.regions[i].base =
-          virt_addr_ ? reinterpret_cast<std::uint64_t>(local_[i].memory.data()) : 0;
-    }
+    mine.addrlen = address_of(ep_, mine.addr);
+    mine.abort_addrlen = address_of(lane_.ep, mine.abort_addr);
+    for (int i : {control_region, data_region})
+      mine.regions[i] = announced(local_[i].mr, local_[i].memory);
+    mine.abort_words = announced(lane_.mr, local_[control_region].memory);
     mine.bytes = bytes_;
     mine.process = self_;
     const auto gathered = boot.all_gather(std::as_bytes(std::span(&mine, 1)), dl);
@@ -670,12 +696,34 @@ class transport : public proxy::rma_transport_base {
         fail("libfabric setup", p,
              "buffer sizes disagree: " + std::to_string(all[p].bytes) + " bytes there, " +
                  std::to_string(bytes_) + " here");
-      const int n = fi_av_insert(av_, all[p].addr, 1, &peers_[p].addr, 0, nullptr);
-      if (n != 1) fail("libfabric setup", p, "fi_av_insert rejected the peer's address");
+      if (fi_av_insert(av_, all[p].addr, 1, &peers_[p].addr, 0, nullptr) != 1 ||
+          fi_av_insert(lane_.av, all[p].abort_addr, 1, &peers_[p].abort_addr, 0, nullptr) != 1)
+        fail("libfabric setup", p, "fi_av_insert rejected the peer's address");
       processes_[p] = all[p].process;
       peers_[p].regions[control_region] = all[p].regions[control_region];
       peers_[p].regions[data_region] = all[p].regions[data_region];
+      peers_[p].abort_words = all[p].abort_words;
     }
+  }
+
+  // Writes `ep`'s address into `addr` (232 bytes); returns its length.
+  std::uint64_t address_of(fid_ep* ep, std::uint8_t (&addr)[232]) {
+    std::size_t len = sizeof addr;
+    const int r = fi_getname(&ep->fid, addr, &len);
+    if (r == -FI_ETOOSMALL)
+      fail("libfabric setup", no_peer,
+           "endpoint address of " + std::to_string(len) + " bytes exceeds " +
+               std::to_string(sizeof addr));
+    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_getname", r);
+    return len;
+  }
+
+  // What peers need to write into `memory` through the registration `mr`.
+  remote_region announced(fid_mr* mr, const proxy::symmetric_memory& memory) {
+    const std::uint64_t key = fi_mr_key(mr);
+    if (key == FI_KEY_NOTAVAIL)
+      fail("libfabric setup", no_peer, "the provider did not give a memory region a key");
+    return {key, virt_addr_ ? reinterpret_cast<std::uint64_t>(memory.data()) : 0};
   }
 
   // The shm provider, whose endpoints keep a file each in /dev/shm.
@@ -686,13 +734,18 @@ class transport : public proxy::rma_transport_base {
   void close() {
     // A peer that died without closing left its file (shm_regions.hpp).
     if (over_shm() && ep_ != nullptr) shm_regions::remove_orphans();
-    if (ep_ != nullptr) fi_close(&ep_->fid);
+    for (fid_ep* ep : {ep_, lane_.ep})
+      if (ep != nullptr) fi_close(&ep->fid);
     for (local_region& r : local_) {
       if (r.mr != nullptr) fi_close(&r.mr->fid);
       r.mr = nullptr;
     }
-    if (av_ != nullptr) fi_close(&av_->fid);
-    if (cq_ != nullptr) fi_close(&cq_->fid);
+    if (lane_.mr != nullptr) fi_close(&lane_.mr->fid);
+    for (fid_av* av : {av_, lane_.av})
+      if (av != nullptr) fi_close(&av->fid);
+    for (fid_cq* cq : {cq_, lane_.cq})
+      if (cq != nullptr) fi_close(&cq->fid);
+    lane_ = {};
     if (domain_ != nullptr) fi_close(&domain_->fid);
     if (fabric_ != nullptr) fi_close(&fabric_->fid);
     if (info_ != nullptr) fi_freeinfo(info_);
@@ -713,11 +766,18 @@ class transport : public proxy::rma_transport_base {
   // connectionless provider (EFA) just exchanges a few signals.
   void connect_in_order(const deadline& dl) {
     std::unique_lock lock(mu_);
-    for (int p = rank_ + 1; p < world_; ++p) post_signal(p, hello_slot(rank_), 1, no_ticket);
+    auto* scratch = reinterpret_cast<std::uint64_t*>(local_[control_region].memory.data());
+    for (int p = rank_ + 1; p < world_; ++p) {
+      post_signal(p, hello_slot(rank_), 1, no_ticket);
+      post_on_lane(p, scratch, 0, lane_hello_slot(rank_));  // the abort lane too
+    }
+    auto greeted = [&](int p) {
+      return counter(hello_slot(p)) != 0 && counter(lane_hello_slot(p)) != 0;
+    };
     auto connected = [&] {
       if (outstanding_ != 0) return false;
       for (int p = 0; p < rank_; ++p)
-        if (counter(hello_slot(p)) == 0) return false;
+        if (!greeted(p)) return false;
       return true;
     };
     while (!connected()) {
@@ -726,7 +786,7 @@ class transport : public proxy::rma_transport_base {
       std::this_thread::yield();
       if (dl.expired()) {
         int late = rank_ - 1;
-        while (late >= 0 && counter(hello_slot(late)) != 0) --late;
+        while (late >= 0 && greeted(late)) --late;
         fail("libfabric setup", late >= 0 ? late : no_peer,
              "deadline expired while connecting to the other ranks");
       }
@@ -784,15 +844,25 @@ class transport : public proxy::rma_transport_base {
   }
 
   // This rank's abort word into its slot at `peer`, the CQ data saying it
-  // has landed. Ahead of anything the provider refused earlier: an abort
-  // must not queue behind a backlog to a peer that stopped draining.
+  // has landed.
   void post_abort(int peer) {
+    post_on_lane(peer, abort_words() + rank_,
+                 scratch_bytes + static_cast<std::uint64_t>(rank_) * sizeof(std::uint64_t),
+                 abort_slot(rank_));
+  }
+
+  // 8 bytes from `local` (in the control region) to `remote_off` of the
+  // peer's control region through the abort lane, carrying one signal on
+  // `slot`. Ahead of anything the provider refused earlier: an abort must
+  // not queue behind a backlog to a peer that stopped draining.
+  void post_on_lane(int peer, std::uint64_t* local, std::uint64_t remote_off, std::size_t slot) {
     posted* op = acquire(peer, no_ticket, no_ticket);
+    op->on_abort_lane = true;
     op->region = control_region;
-    op->local = abort_words() + rank_;
-    op->remote_off = scratch_bytes + static_cast<std::uint64_t>(rank_) * sizeof(std::uint64_t);
+    op->local = local;
+    op->remote_off = remote_off;
     op->bytes = sizeof(std::uint64_t);
-    op->cq_data = encode_signal(abort_slot(rank_), 1);
+    op->cq_data = encode_signal(slot, 1);
     bool posted_now;
     try {
       posted_now = try_post(op);
@@ -819,22 +889,23 @@ class transport : public proxy::rma_transport_base {
   // must be tried again after progress. Never blocks, so a peer that stops
   // draining cannot stall the proxy or, through it, the other peers.
   bool try_post(posted* op) {
-    const remote_region& to = peers_[op->peer].regions[op->region];
+    const peer_state& peer = peers_[op->peer];
+    const remote_region& to = op->on_abort_lane ? peer.abort_words : peer.regions[op->region];
     iovec iov{op->local, op->bytes};
-    void* desc = local_[op->region].desc;
+    void* desc = op->on_abort_lane ? lane_.desc : local_[op->region].desc;
     fi_rma_iov target{to.base + op->remote_off, op->bytes, to.key};
     fi_msg_rma msg{};
     msg.msg_iov = &iov;
     msg.desc = &desc;
     msg.iov_count = 1;
-    msg.addr = peers_[op->peer].addr;
+    msg.addr = op->on_abort_lane ? peer.abort_addr : peer.addr;
     msg.rma_iov = &target;
     msg.rma_iov_count = 1;
     msg.context = &op->ctx;
     msg.data = op->cq_data.value_or(0);
     const std::uint64_t flags =
         FI_COMPLETION | FI_DELIVERY_COMPLETE | (op->cq_data ? FI_REMOTE_CQ_DATA : 0);
-    const ssize_t rc = fi_writemsg(ep_, &msg, flags);
+    const ssize_t rc = fi_writemsg(op->on_abort_lane ? lane_.ep : ep_, &msg, flags);
     if (rc == 0) return true;
     if (rc == -FI_EAGAIN) return false;
     fail_fi(op->write == no_ticket ? "libfabric signal" : "libfabric write", op->peer,
@@ -883,7 +954,8 @@ class transport : public proxy::rma_transport_base {
   // Every peer's queue moves on even when another peer's fails: an abort
   // queued to a live peer must not wait behind writes to a lost one.
   void progress_locked() {
-    drain_cq();
+    drain_cq(lane_.cq);  // an abort first: it names the root cause
+    drain_cq(cq_);
     std::optional<error> first;
     for (int p = 0; p < world_; ++p) {
       try {
@@ -898,12 +970,12 @@ class transport : public proxy::rma_transport_base {
 
   // Reads every available completion: incoming signals bump counters, our own
   // operations complete their tickets and writes.
-  void drain_cq() {
+  void drain_cq(fid_cq* cq) {
     fi_cq_data_entry entries[32];
     for (;;) {
-      const ssize_t n = fi_cq_read(cq_, entries, 32);
+      const ssize_t n = fi_cq_read(cq, entries, 32);
       if (n == -FI_EAGAIN) return;
-      if (n == -FI_EAVAIL) fail_from_cq_error();
+      if (n == -FI_EAVAIL) fail_from_cq_error(cq);
       if (n < 0) fail_fi("libfabric progress", no_peer, "fi_cq_read", n);
       for (ssize_t i = 0; i < n; ++i) on_completion(entries[i]);
       if (n < 32) return;
@@ -919,7 +991,7 @@ class transport : public proxy::rma_transport_base {
                "incoming signal names slot " + std::to_string(slot) + " of " +
                    std::to_string(counters_.size()));
         add_local(slot, signal_increment_of(e.data));
-        if (slot >= abort_slot(0)) ++abort_notices_;
+        if (slot >= abort_slot(0) && slot < abort_slot(world_)) ++abort_notices_;
       }
       return;
     }
@@ -932,9 +1004,9 @@ class transport : public proxy::rma_transport_base {
     release(op);
   }
 
-  [[noreturn]] void fail_from_cq_error() {
+  [[noreturn]] void fail_from_cq_error(fid_cq* cq) {
     fi_cq_err_entry err{};
-    const ssize_t r = fi_cq_readerr(cq_, &err, 0);
+    const ssize_t r = fi_cq_readerr(cq, &err, 0);
     if (r < 0) fail_fi("libfabric progress", no_peer, "fi_cq_readerr", r);
     auto* op = static_cast<posted*>(err.op_context);
     const int peer = op != nullptr ? op->peer : no_peer;
@@ -942,7 +1014,7 @@ class transport : public proxy::rma_transport_base {
     if (op != nullptr) on_completion_of(op);  // failed, but no longer the provider's
     char detail[256] = {};
     const char* provider_text =
-        fi_cq_strerror(cq_, err.prov_errno, err.err_data, detail, sizeof detail);
+        fi_cq_strerror(cq, err.prov_errno, err.err_data, detail, sizeof detail);
     fail(signal ? "libfabric signal" : "libfabric write", peer,
          std::string("completion error: ") + fi_strerror(err.err) +
              (provider_text != nullptr && *provider_text != '\0'
@@ -961,9 +1033,18 @@ class transport : public proxy::rma_transport_base {
   fid_ep* ep_ = nullptr;
   local_region local_[2];  // control_region, data_region
   bool virt_addr_ = false;
+  // The abort lane: an endpoint for abort words only, with what it needs of
+  // its own, and its registration of the control region.
+  struct {
+    fid_cq* cq = nullptr;
+    fid_av* av = nullptr;
+    fid_ep* ep = nullptr;
+    fid_mr* mr = nullptr;
+    void* desc = nullptr;
+  } lane_;
 
   // Local signal counters, read with acquire: the user's slots, then per
-  // rank a barrier, a connection-hello and an abort slot.
+  // rank a barrier, a connection-hello, an abort and an abort-lane hello slot.
   std::vector<std::uint64_t> counters_;
   std::vector<peer_state> peers_;
   proxy::process_identity self_ = proxy::this_process();
