@@ -9,7 +9,6 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -40,12 +39,13 @@ class call_queue {
   template <class F>
   completion<std::invoke_result_t<F>> submit(F&& f) {
     using result = std::invoke_result_t<F>;
-    auto task = std::make_shared<std::packaged_task<result()>>(std::forward<F>(f));
-    completion<result> done(task->get_future());
+    auto state = std::make_shared<completion_state<result>>();
+    auto call = std::make_shared<std::decay_t<F>>(std::forward<F>(f));
+    completion<result> done(state);
     {
       std::lock_guard lock(mu_);
       if (!thread_.joinable()) thread_ = std::thread([this] { serve(); });
-      queue_.push_back([task] { (*task)(); });
+      queue_.push_back([state, call] { state->run(*call); });
       ++unfinished_;
     }
     work_.notify_one();
@@ -69,7 +69,7 @@ class call_queue {
       std::function<void()> call = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
-      call();  // packaged_task: the call's exception goes to its completion
+      call();  // the call's exception goes to its completion
       lock.lock();
       if (--unfinished_ == 0) idle_.notify_all();
     }
