@@ -17,8 +17,7 @@
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/wire_basics.hpp"
 #include "epcomm/low_latency/wire.hpp"
-#include "epcomm/proxy/channel.hpp"
-#include "epcomm/transport/peer_abort.hpp"
+#include "epcomm/proxy/device_report_errors.hpp"
 
 namespace epcomm::cuda {
 
@@ -120,17 +119,12 @@ inline error to_error(const ll_report& r, int rank) {
     case ll_failure::rows_mismatch:
       return error(rank, op, r.peer,
                    mismatch + n(r.seen) + " rows returned, " + n(r.expected) + " dispatched there");
-    case ll_failure::peer_aborted: {
-      const auto b = proxy::peer_aborted(r.src_rank, r.peer, rank, ll_waited_for_text(r.what));
-      return error(rank, op, b.peer, b.cause);
-    }
+    case ll_failure::peer_aborted:
+      return proxy::device_saw_abort(rank, op, r.src_rank, r.peer, ll_waited_for_text(r.what));
     case ll_failure::proxy:
-      return error(rank, op, no_peer,
-                   proxy::channel_failure(static_cast<proxy::channel_status>(r.seen)));
+      return proxy::device_channel_failed(rank, op, r.seen);
   }
-  return error(
-      rank, op, r.peer,
-      "internal: the device reported failure code " + n(static_cast<std::int32_t>(r.code)));
+  return proxy::unknown_device_failure(rank, op, r.peer, static_cast<std::int32_t>(r.code));
 }
 
 }  // namespace epcomm::cuda

@@ -15,8 +15,7 @@
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/normal/wire.hpp"
-#include "epcomm/proxy/channel.hpp"
-#include "epcomm/transport/peer_abort.hpp"
+#include "epcomm/proxy/device_report_errors.hpp"
 
 namespace epcomm::cuda {
 
@@ -161,17 +160,12 @@ inline error to_error(const report& r, int rank, const std::string& op) {
     case failure::weights_mismatch:
       return error(rank, op, r.peer,
                    "topk_weights given on some ranks only (every rank passes them or none)");
-    case failure::peer_aborted: {
-      const auto b = proxy::peer_aborted(r.reporter, r.peer, rank, waited_for_text(r.what));
-      return error(rank, op, b.peer, b.cause);
-    }
+    case failure::peer_aborted:
+      return proxy::device_saw_abort(rank, op, r.reporter, r.peer, waited_for_text(r.what));
     case failure::proxy:
-      return error(rank, op, no_peer,
-                   proxy::channel_failure(static_cast<proxy::channel_status>(r.seen)));
+      return proxy::device_channel_failed(rank, op, r.seen);
   }
-  return error(
-      rank, op, r.peer,
-      "internal: the device reported failure code " + n(static_cast<std::int32_t>(r.code)));
+  return proxy::unknown_device_failure(rank, op, r.peer, static_cast<std::int32_t>(r.code));
 }
 
 }  // namespace epcomm::cuda
