@@ -90,6 +90,14 @@ EPCOMM_HD inline void describe_foreign_handle(char* out, int capacity, long long
                             << handle_world;
 }
 
+// An argument holding `held` values where the call's shape needs
+// `expected`: "x holds 10 elements, expected T*H = 12".
+EPCOMM_HD inline void describe_wrong_size(char* out, int capacity, const char* what, long long held,
+                                          const char* unit, const char* shape, long long expected) {
+  cause_text(out, capacity) << what << " holds " << held << " " << unit << ", expected " << shape
+                            << " = " << expected;
+}
+
 // One of the describe_* texts as a std::string, for the host engines; room
 // for every text above with the longest integers, so nothing is truncated.
 template <class... Args>

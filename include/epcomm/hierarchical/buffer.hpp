@@ -58,11 +58,13 @@
 #include "epcomm/core/topology.hpp"
 #include "epcomm/hierarchical/link.hpp"
 #include "epcomm/hierarchical/wire.hpp"
-#include "epcomm/normal/async_calls.hpp"
 #include "epcomm/host/call_queue.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/normal/arguments.hpp"
+#include "epcomm/normal/async_calls.hpp"
+#include "epcomm/normal/call_overloads.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/normal/input_checks.hpp"
 #include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
 #include "epcomm/transport/concepts.hpp"
@@ -79,7 +81,8 @@ struct hierarchical_traffic {
 template <class Intra, class Inter, token_type... Tokens>
 requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     (peer_mapped_transport<Inter> || has_completion_count<Inter>)class hierarchical_buffer
-    : public async_calls<hierarchical_buffer<Intra, Inter, Tokens...>, Tokens...> {
+    : public async_calls<hierarchical_buffer<Intra, Inter, Tokens...>, Tokens...>,
+    public call_overloads<hierarchical_buffer<Intra, Inter, Tokens...>, Tokens...> {
   friend class async_calls<hierarchical_buffer, Tokens...>;  // queues on calls_
   static constexpr bool inter_mapped = peer_mapped_transport<Inter>;
   using node_signal = wire::hier::node_signal;
@@ -88,8 +91,10 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
 
  public:
   // What a call in braces means when not told a type.
-  using first_token = std::tuple_element_t<0, std::tuple<Tokens...>>;
-  using first_combine = combine_type_t<first_token>;
+  using typename call_overloads<hierarchical_buffer, Tokens...>::first_token;
+  using typename call_overloads<hierarchical_buffer, Tokens...>::first_combine;
+  using call_overloads<hierarchical_buffer, Tokens...>::dispatch;
+  using call_overloads<hierarchical_buffer, Tokens...>::combine;
 
   // Collective: every rank of `boot` constructs its buffer with the same
   // config. Nodes are the bootstrap's local groups, which must be equally
@@ -145,7 +150,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     start_call("dispatch");
     const std::uint64_t epoch = ++dispatch_epoch_;
     const deadline dl = deadline::after(timeout_);
-    const std::string cause = validate(in, opt);
+    const std::string cause = check_dispatch_input(in, opt, cap_);
     const topology topo{world_, per_node_, cap_.num_experts, in.hidden, in.topk};
     const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
 
@@ -183,10 +188,6 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     fill_result(res, in, opt, records);
     return res;
   }
-  dispatch_result<first_token> dispatch(const dispatch_input<first_token>& in,
-                                        const dispatch_options& opt = {}) {
-    return dispatch<first_token>(in, opt);
-  }
 
   // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given)
   // without allocating results. Out is y's element type: any served token's
@@ -197,7 +198,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     start_call("combine");
     const std::uint64_t epoch = ++combine_epoch_;
     const deadline dl = deadline::after(timeout_);
-    const std::string cause = validate(in, h, out_x, out_weights);
+    const std::string cause = check_combine_input<Out>(in, h, out_x, out_weights, rank_, cap_);
     const bool weights = in.topk_weights.has_value();
     std::vector<node_tokens> reach;
     if (cause.empty()) reach = tokens_by_node(h);
@@ -221,24 +222,6 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
                       "partial sums");
     });
     finish(in, h, reach, out_x, out_weights);
-  }
-
-  void combine(const combine_input<first_combine>& in, const dispatch_handle& h,
-               std::span<first_combine> out_x, std::span<float> out_weights = {}) {
-    combine<first_combine>(in, h, out_x, out_weights);
-  }
-
-  template <one_of<combine_type_t<Tokens>...> Out>
-  combine_result<Out> combine(const combine_input<Out>& in, const dispatch_handle& h) {
-    combine_result<Out> out;
-    out.x.resize(static_cast<std::size_t>(h.num_tokens) * h.hidden);
-    if (in.topk_weights) out.topk_weights.resize(static_cast<std::size_t>(h.num_tokens) * h.topk);
-    combine<Out>(in, h, out.x, out.topk_weights);
-    return out;
-  }
-  combine_result<first_combine> combine(const combine_input<first_combine>& in,
-                                        const dispatch_handle& h) {
-    return combine<first_combine>(in, h);
   }
 
  private:
@@ -362,37 +345,6 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   }
 
   // ---- dispatch ----------------------------------------------------------
-
-  template <class Token>
-  std::string validate(const dispatch_input<Token>& in, const dispatch_options& opt) const {
-    const auto t = static_cast<std::size_t>(std::max(in.num_tokens, 0));
-    const auto h = static_cast<std::size_t>(std::max(in.hidden, 0));
-    const auto k = static_cast<std::size_t>(std::max(in.topk, 0));
-    const auto n = [](long long v) { return std::to_string(v); };
-    if (in.num_tokens < 0) return "num_tokens is negative";
-    if (in.num_tokens > cap_.max_tokens_per_rank)
-      return n(in.num_tokens) + " tokens exceed the buffer's max_tokens_per_rank " +
-             n(cap_.max_tokens_per_rank);
-    if (in.hidden < 1 || in.hidden > cap_.max_hidden)
-      return "hidden " + n(in.hidden) + " is outside [1, " + n(cap_.max_hidden) + "]";
-    if (token_traits<Token>::has_scales && in.hidden % 128 != 0)
-      return input_error_text(describe_unscaled_hidden, in.hidden);
-    if (in.topk < 1 || in.topk > cap_.max_topk)
-      return "topk " + n(in.topk) + " is outside [1, " + n(cap_.max_topk) + "]";
-    if (in.x.size() != t * h)
-      return "x holds " + n(in.x.size()) + " elements, expected T*H = " + n(t * h);
-    const std::size_t scales = token_traits<Token>::has_scales ? t * (h / 128) : 0;
-    if (in.x_scales.size() != scales)
-      return "x_scales holds " + n(in.x_scales.size()) + " values, expected " + n(scales);
-    if (in.topk_idx.size() != t * k)
-      return "topk_idx holds " + n(in.topk_idx.size()) + " ids, expected T*K = " + n(t * k);
-    if (in.topk_weights.size() != t * k)
-      return "topk_weights holds " + n(in.topk_weights.size()) +
-             " values, expected T*K = " + n(t * k);
-    if (auto bad = check_dispatch_options(opt, cap_.max_recv_tokens); !bad.empty()) return bad;
-    if (auto bad = find_invalid_expert(in.topk_idx, in.topk, cap_.num_experts)) return *bad;
-    return {};
-  }
 
   // Whether token t reaches any rank of node m.
   bool reaches(const layout& lay, int t, int m) const {
@@ -681,34 +633,6 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   }
 
   // ---- combine -----------------------------------------------------------
-
-  template <class Out>
-  std::string validate(const combine_input<Out>& in, const dispatch_handle& h, std::span<Out> out_x,
-                       std::span<float> out_weights) const {
-    const auto n = [](long long v) { return std::to_string(v); };
-    if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
-                                cap_.max_topk);
-        !bad.empty())
-      return bad;
-    const std::size_t hidden = h.hidden;
-    const std::size_t t = h.num_tokens;
-    const std::size_t k = h.topk;
-    if (in.y.size() % hidden != 0 || in.y.size() < h.num_recv_tokens * hidden)
-      return input_error_text(describe_short_y, static_cast<long long>(in.y.size()),
-                              static_cast<long long>(hidden), h.num_recv_tokens);
-    const std::size_t rows = in.y.size() / hidden;
-    if (in.topk_weights && in.topk_weights->size() != rows * k)
-      return "topk_weights holds " + n(in.topk_weights->size()) + " values, expected " +
-             n(rows * k) + " (rows of y times topk)";
-    for (auto bias : {in.bias_0, in.bias_1})
-      if (!bias.empty() && bias.size() != t * hidden)
-        return "bias holds " + n(bias.size()) + " elements, expected T*H = " + n(t * hidden);
-    if (out_x.size() != t * hidden)
-      return "output holds " + n(out_x.size()) + " elements, expected T*H = " + n(t * hidden);
-    if (in.topk_weights && out_weights.size() != t * k)
-      return "output weights hold " + n(out_weights.size()) + " values, expected T*K = " + n(t * k);
-    return {};
-  }
 
   // From the handle: for every node, this rank's tokens that reached it and
   // which of its ranks each reached.

@@ -356,11 +356,12 @@ class low_latency_buffer {
     const std::size_t t = static_cast<std::size_t>(in.num_tokens);
     const std::size_t k = static_cast<std::size_t>(in.topk);
     if (in.x.size() != t * h)
-      return "x holds " + std::to_string(in.x.size()) +
-             " elements, expected T*H = " + std::to_string(t * h);
+      return input_error_text(describe_wrong_size, "x", static_cast<long long>(in.x.size()),
+                              "elements", "T*H", static_cast<long long>(t * h));
     if (in.topk_idx.size() != t * k)
-      return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
-             " ids, expected T*K = " + std::to_string(t * k);
+      return input_error_text(describe_wrong_size, "topk_idx",
+                              static_cast<long long>(in.topk_idx.size()), "ids", "T*K",
+                              static_cast<long long>(t * k));
     if (auto bad = find_invalid_expert(in.topk_idx, in.topk, shape_.num_experts)) return *bad;
     // Region (expert, this rank) has max_tokens_per_rank slots; only tokens
     // that name an expert twice can overflow it.

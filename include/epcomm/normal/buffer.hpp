@@ -60,14 +60,16 @@
 #include "epcomm/core/layout.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/core/topology.hpp"
-#include "epcomm/normal/async_calls.hpp"
 #include "epcomm/host/call_queue.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/host/link.hpp"
 #include "epcomm/host/lost_ranks.hpp"
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/normal/arguments.hpp"
+#include "epcomm/normal/async_calls.hpp"
+#include "epcomm/normal/call_overloads.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/normal/input_checks.hpp"
 #include "epcomm/normal/route.hpp"
 #include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
@@ -78,7 +80,8 @@ namespace epcomm {
 template <transport Transport, token_type... Tokens>
 requires(sizeof...(Tokens) >= 1) &&
     (peer_mapped_transport<Transport> || has_completion_count<Transport>)class buffer
-    : public async_calls<buffer<Transport, Tokens...>, Tokens...> {
+    : public async_calls<buffer<Transport, Tokens...>, Tokens...>,
+    public call_overloads<buffer<Transport, Tokens...>, Tokens...> {
   friend class async_calls<buffer, Tokens...>;  // queues on calls_
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
   static constexpr bool via_proxy = host_link<Transport>::via_proxy;
@@ -89,8 +92,10 @@ requires(sizeof...(Tokens) >= 1) &&
  public:
   // What a call in braces, dispatch_send_buffer and combine_send_buffer mean
   // when not told a type.
-  using first_token = std::tuple_element_t<0, std::tuple<Tokens...>>;
-  using first_combine = combine_type_t<first_token>;
+  using typename call_overloads<buffer, Tokens...>::first_token;
+  using typename call_overloads<buffer, Tokens...>::first_combine;
+  using call_overloads<buffer, Tokens...>::dispatch;
+  using call_overloads<buffer, Tokens...>::combine;
 
   // Collective: every rank of `boot` constructs its buffer with the same config.
   template <bootstrap B>
@@ -161,7 +166,7 @@ requires(sizeof...(Tokens) >= 1) &&
     start_call("dispatch");
     const std::uint64_t epoch = ++dispatch_epoch_;
     const deadline dl = deadline::after(timeout_);
-    const std::string cause = validate(in, opt);
+    const std::string cause = check_dispatch_input(in, opt, cap_);
     const topology topo{world_, world_, cap_.num_experts, in.hidden, in.topk};
     const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
 
@@ -197,10 +202,6 @@ requires(sizeof...(Tokens) >= 1) &&
     fill_result(res, in, opt, peers, rows_came);
     return res;
   }
-  dispatch_result<first_token> dispatch(const dispatch_input<first_token>& in,
-                                        const dispatch_options& opt = {}) {
-    return dispatch<first_token>(in, opt);
-  }
 
   // DeepEP's dispatch(handle=...): new rows along the routing of the dispatch
   // that returned `h` (a backward pass's gradients, the next micro-step's
@@ -216,7 +217,7 @@ requires(sizeof...(Tokens) >= 1) &&
     start_call("dispatch");
     const std::uint64_t epoch = ++dispatch_epoch_;
     const deadline dl = deadline::after(timeout_);
-    const std::string cause = validate(in, h);
+    const std::string cause = check_cached_dispatch_input(in, h, rank_, cap_);
     const bool ok = cause.empty();
     std::vector<bool> members(world_);
     guarded([&] {
@@ -286,7 +287,7 @@ requires(sizeof...(Tokens) >= 1) &&
     start_call("combine");
     const std::uint64_t epoch = ++combine_epoch_;
     const deadline dl = deadline::after(timeout_);
-    const std::string cause = validate(in, h, out_x, out_weights);
+    const std::string cause = check_combine_input<Out>(in, h, out_x, out_weights, rank_, cap_);
     const bool in_place = left_in_place(in, h);
 
     std::vector<bool> members(world_);
@@ -317,24 +318,6 @@ requires(sizeof...(Tokens) >= 1) &&
       guarded([&] { quiet_staging(dl); });  // the caller may write the next y there now
     else
       release_in_place_rows(status, in_place, dl);
-  }
-
-  void combine(const combine_input<first_combine>& in, const dispatch_handle& h,
-               std::span<first_combine> out_x, std::span<float> out_weights = {}) {
-    combine<first_combine>(in, h, out_x, out_weights);
-  }
-
-  template <one_of<combine_type_t<Tokens>...> Out>
-  combine_result<Out> combine(const combine_input<Out>& in, const dispatch_handle& h) {
-    combine_result<Out> out;
-    out.x.resize(static_cast<std::size_t>(h.num_tokens) * h.hidden);
-    if (in.topk_weights) out.topk_weights.resize(static_cast<std::size_t>(h.num_tokens) * h.topk);
-    combine<Out>(in, h, out.x, out.topk_weights);
-    return out;
-  }
-  combine_result<first_combine> combine(const combine_input<first_combine>& in,
-                                        const dispatch_handle& h) {
-    return combine<first_combine>(in, h);
   }
 
  private:
@@ -440,59 +423,6 @@ requires(sizeof...(Tokens) >= 1) &&
       normal_push::rows(route(dl), plan_, world_, rank_, nullptr, {}, false);
     else
       normal_push::combine_rows(route(dl), plan_, world_, rank_, nullptr, {}, false, false);
-  }
-
-  template <class Token>
-  std::string validate(const dispatch_input<Token>& in, const dispatch_options& opt) const {
-    const auto t = static_cast<std::size_t>(std::max(in.num_tokens, 0));
-    const auto h = static_cast<std::size_t>(std::max(in.hidden, 0));
-    const auto k = static_cast<std::size_t>(std::max(in.topk, 0));
-    if (in.num_tokens < 0) return "num_tokens is negative";
-    if (in.num_tokens > cap_.max_tokens_per_rank)
-      return std::to_string(in.num_tokens) + " tokens exceed the buffer's max_tokens_per_rank " +
-             std::to_string(cap_.max_tokens_per_rank);
-    if (in.hidden < 1 || in.hidden > cap_.max_hidden)
-      return "hidden " + std::to_string(in.hidden) + " is outside [1, " +
-             std::to_string(cap_.max_hidden) + "]";
-    if (token_traits<Token>::has_scales && in.hidden % 128 != 0)
-      return input_error_text(describe_unscaled_hidden, in.hidden);
-    if (in.topk < 1 || in.topk > cap_.max_topk)
-      return "topk " + std::to_string(in.topk) + " is outside [1, " +
-             std::to_string(cap_.max_topk) + "]";
-    if (auto bad = check_rows<Token>(in.x.size(), in.x_scales.size(), t, h); !bad.empty())
-      return bad;
-    if (in.topk_idx.size() != t * k)
-      return "topk_idx holds " + std::to_string(in.topk_idx.size()) +
-             " ids, expected T*K = " + std::to_string(t * k);
-    if (in.topk_weights.size() != t * k)
-      return "topk_weights holds " + std::to_string(in.topk_weights.size()) +
-             " values, expected T*K = " + std::to_string(t * k);
-    if (auto bad = check_dispatch_options(opt, cap_.max_recv_tokens); !bad.empty()) return bad;
-    if (auto bad = find_invalid_expert(in.topk_idx, in.topk, cap_.num_experts)) return *bad;
-    return {};
-  }
-
-  // x [T][H] and, for fp8, x_scales [T][H/128]: empty when the sizes fit.
-  template <class Token>
-  static std::string check_rows(std::size_t x, std::size_t scales, std::size_t t, std::size_t h) {
-    if (x != t * h)
-      return "x holds " + std::to_string(x) + " elements, expected T*H = " + std::to_string(t * h);
-    const std::size_t expected = token_traits<Token>::has_scales ? t * (h / 128) : 0;
-    if (scales != expected)
-      return "x_scales holds " + std::to_string(scales) + " values, expected " +
-             std::to_string(expected);
-    return {};
-  }
-
-  template <class Token>
-  std::string validate(const cached_dispatch_input<Token>& in, const dispatch_handle& h) const {
-    if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
-                                cap_.max_topk);
-        !bad.empty())
-      return bad;
-    if (token_traits<Token>::has_scales && h.hidden % 128 != 0)
-      return input_error_text(describe_unscaled_hidden, h.hidden);
-    return check_rows<Token>(in.x.size(), in.x_scales.size(), h.num_tokens, h.hidden);
   }
 
   template <class Token>
@@ -684,36 +614,6 @@ requires(sizeof...(Tokens) >= 1) &&
         for (std::size_t e = 0; e < peers[s].tokens_per_local_expert.size(); ++e)
           res.num_recv_tokens_per_expert[e] += peers[s].tokens_per_local_expert[e];
     for (int& n : res.num_recv_tokens_per_expert) n = aligned_expert_count(n, opt.expert_alignment);
-  }
-
-  template <class Out>
-  std::string validate(const combine_input<Out>& in, const dispatch_handle& h, std::span<Out> out_x,
-                       std::span<float> out_weights) const {
-    if (auto bad = check_handle(h, rank_, world_, cap_.max_tokens_per_rank, cap_.max_hidden,
-                                cap_.max_topk);
-        !bad.empty())
-      return bad;
-    const std::size_t hidden = h.hidden;
-    const std::size_t t = h.num_tokens;
-    const std::size_t k = h.topk;
-    if (in.y.size() % hidden != 0 || in.y.size() < h.num_recv_tokens * hidden)
-      return input_error_text(describe_short_y, static_cast<long long>(in.y.size()),
-                              static_cast<long long>(hidden), h.num_recv_tokens);
-    const std::size_t rows = in.y.size() / hidden;
-    if (in.topk_weights && in.topk_weights->size() != rows * k)
-      return "topk_weights holds " + std::to_string(in.topk_weights->size()) +
-             " values, expected " + std::to_string(rows * k) + " (rows of y times topk)";
-    for (auto bias : {in.bias_0, in.bias_1})
-      if (!bias.empty() && bias.size() != t * hidden)
-        return "bias holds " + std::to_string(bias.size()) +
-               " elements, expected T*H = " + std::to_string(t * hidden);
-    if (out_x.size() != t * hidden)
-      return "output holds " + std::to_string(out_x.size()) +
-             " elements, expected T*H = " + std::to_string(t * hidden);
-    if (in.topk_weights && out_weights.size() != t * k)
-      return "output weights hold " + std::to_string(out_weights.size()) +
-             " values, expected T*K = " + std::to_string(t * k);
-    return {};
   }
 
   void post_combine_status(const std::string& cause, std::int32_t out_id, bool with_weights,

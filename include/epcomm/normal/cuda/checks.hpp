@@ -1,7 +1,7 @@
 // Host-side checks of a device call's arguments, before any kernel runs. Only
 // what the host can see: shapes, bounds and null pointers (expert ids live in
-// device memory and are checked by the layout kernel). The wording follows
-// normal/buffer.hpp so either engine reports a given mistake the same way. A
+// device memory and are checked by the layout kernel). The bounds are
+// normal/input_checks.hpp's, as the host engines check them. A
 // non-empty result does not throw here: it travels in the notify round, so
 // every rank rejects the call together.
 #pragma once
@@ -11,6 +11,7 @@
 
 #include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/normal/input_checks.hpp"
 #include "epcomm/normal/wire.hpp"
 
 namespace epcomm::cuda {
@@ -24,16 +25,9 @@ struct dispatch_shape {
 
 inline std::string check_dispatch_shape(const wire::capacity& cap, const dispatch_shape& in) {
   const auto n = [](long long v) { return std::to_string(v); };
-  if (in.num_tokens < 0) return "num_tokens is negative";
-  if (in.num_tokens > cap.max_tokens_per_rank)
-    return n(in.num_tokens) + " tokens exceed the buffer's max_tokens_per_rank " +
-           n(cap.max_tokens_per_rank);
-  if (in.hidden < 1 || in.hidden > cap.max_hidden)
-    return "hidden " + n(in.hidden) + " is outside [1, " + n(cap.max_hidden) + "]";
-  if (cap.has_scales && in.hidden % 128 != 0)
-    return input_error_text(describe_unscaled_hidden, in.hidden);
-  if (in.topk < 1 || in.topk > cap.max_topk)
-    return "topk " + n(in.topk) + " is outside [1, " + n(cap.max_topk) + "]";
+  if (auto bad = check_dispatch_bounds(cap, cap.has_scales, in.num_tokens, in.hidden, in.topk);
+      !bad.empty())
+    return bad;
   if (in.num_tokens > 0) {
     if (!in.has_x) return "x is null with " + n(in.num_tokens) + " tokens";
     if (cap.has_scales && !in.has_scales) return "x_scales is null for fp8 tokens";
