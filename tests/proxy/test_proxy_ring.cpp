@@ -1,12 +1,13 @@
 // The proxy's descriptor ring and engine, without a network: the ring's
 // memory layout (part of the producer/proxy wire format), ordering and
 // back-pressure between a producer and a consumer thread, and the engine
-// driving a scripted transport that completes operations out of order and
-// can fail on demand.
+// driving a scripted transport that completes operations out of order, can
+// fail on demand, and can get stuck in a call for good.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -68,6 +69,13 @@ class scripted_transport {
 
   void put(int peer, std::size_t local, std::size_t remote, std::size_t bytes) {
     record({proxy::op_code::put, peer, local, remote, bytes, 0, 0});
+    if (stuck_puts_.load()) {
+      // As a provider call spinning on a lock a dead process held: it never
+      // returns, on a future nobody can fulfil, leaked so that it outlives
+      // the test.
+      in_stuck_put_.store(true);
+      (new std::promise<void>)->get_future().wait();
+    }
   }
   void put_signal(int peer, std::size_t local, std::size_t remote, std::size_t bytes,
                   std::size_t slot, std::uint64_t n) {
@@ -109,6 +117,8 @@ class scripted_transport {
     std::lock_guard lock(mu_);
     fail_next_progress_ = true;
   }
+  void stick_puts() { stuck_puts_.store(true); }
+  bool in_stuck_put() const { return in_stuck_put_.load(); }
 
  private:
   void record(const op& o) {
@@ -121,6 +131,7 @@ class scripted_transport {
   std::vector<op> ops_;
   proxy::completion_window window_;
   bool fail_next_progress_ = false;
+  std::atomic<bool> stuck_puts_{false}, in_stuck_put_{false};
 };
 
 static_assert(has_completion_count<scripted_transport>);
@@ -303,6 +314,23 @@ TEST_CASE("a transport error stops the proxy and reaches the producer") {
   CHECK(engine.failed());
   CHECK(proxy::proxy_failed(engine.ring(0)));
   CHECK_THROWS_AS(engine.push(0, proxy::op_code::put, 1, 0, 0, 8, 0, 0, dl), error);
+}
+
+TEST_CASE("a proxy thread stuck in a transport call is left behind at destruction, not joined") {
+  scripted_transport t;
+  const std::size_t before = proxy::engine<scripted_transport>::abandoned_threads();
+  const auto start = steady::now();
+  {
+    proxy::engine<scripted_transport> engine(t);
+    t.stick_puts();
+    engine.push(0, proxy::op_code::put, 1, 0, 0, 8, 0, 0, deadline::after(10s));
+    REQUIRE(eventually([&] { return t.in_stuck_put(); }));
+  }
+  const auto took = steady::now() - start;
+  CHECK(proxy::engine<scripted_transport>::abandoned_threads() == before + 1);
+  // stuck_after (2 s) from the call's start, not the drain timeout (5 s).
+  CHECK(took >= 2s);
+  CHECK(took < 5s);
 }
 
 TEST_CASE("a descriptor naming no valid peer or op stops the proxy with an error") {

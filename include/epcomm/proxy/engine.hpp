@@ -14,6 +14,12 @@
 // transport that can serve() (progress without issuing anything) is still
 // progressed until the engine is destroyed, so that peers' operations on this
 // rank's memory complete even after it failed or aborted.
+//
+// Destruction waits for the thread, unless it has been inside one transport
+// call for longer than stuck_after: calls never block on a peer, so such a
+// thread is stuck in the provider for good (over libfabric's shm provider:
+// spinning on a lock a dead peer held). It is detached, not joined: the
+// process leaks a spinning thread instead of hanging (abandoned_threads()).
 #pragma once
 
 #include <sched.h>
@@ -32,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "epcomm/core/deadline.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/failure_latch.hpp"
 #include "epcomm/core/spin_wait.hpp"
@@ -130,8 +137,21 @@ class engine {
   // Waits (up to drain_timeout) for what is in flight, then stops the thread.
   ~engine() {
     stop_.store(true, std::memory_order_release);
+    while (!finished_.load(std::memory_order_acquire)) {
+      const auto since = call_since_.load(std::memory_order_acquire);
+      if (since != 0 && steady::now().time_since_epoch().count() - since > stuck_after_ticks()) {
+        thread_.detach();
+        abandoned_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
     thread_.join();
   }
+
+  // Proxy threads of this process detached at destruction, stuck in a
+  // transport call.
+  static std::size_t abandoned_threads() { return abandoned_.load(std::memory_order_relaxed); }
 
   int channels() const { return static_cast<int>(views_.size()); }
   // The ring of `channel`, for producers that write descriptors themselves.
@@ -191,6 +211,22 @@ class engine {
     void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{64}); }
   };
 
+  static constexpr std::chrono::seconds stuck_after{2};
+  static steady::rep stuck_after_ticks() {
+    return std::chrono::duration_cast<steady::duration>(stuck_after).count();
+  }
+
+  // Runs one transport call, saying when it began for the destructor.
+  template <class F>
+  decltype(auto) in_call(F&& f) {
+    call_since_.store(steady::now().time_since_epoch().count(), std::memory_order_release);
+    struct ended {
+      std::atomic<steady::rep>& since;
+      ~ended() { since.store(0, std::memory_order_release); }
+    } end{call_since_};
+    return f();
+  }
+
   void run() {
     std::vector<channel_state> channels;
     for (const auto& v : views_) channels.emplace_back(v);
@@ -209,6 +245,7 @@ class engine {
       failure_.latch(*stopped);
       serve_until_stopped();
     }
+    finished_.store(true, std::memory_order_release);
   }
 
   // After a failure nothing more is issued, but peers may still be writing
@@ -221,7 +258,7 @@ class engine {
     if constexpr (has_serve<T>) {
       auto sleep = std::chrono::microseconds(1);
       while (!stop_.load(std::memory_order_acquire)) {
-        transport_.serve();
+        in_call([&] { transport_.serve(); });
         std::this_thread::sleep_for(sleep);
         sleep = std::min(sleep * 2, std::chrono::microseconds(1'000));
       }
@@ -237,13 +274,13 @@ class engine {
       for (auto& c : channels) {
         descriptor d;
         while (c.consumer.pop(d)) {
-          issue(d);
+          in_call([&] { issue(d); });
           c.tickets.push_back(++issued_);
           busy = true;
         }
       }
-      transport_.progress();
-      const std::uint64_t done = transport_.completed();
+      in_call([&] { transport_.progress(); });
+      const std::uint64_t done = in_call([&] { return transport_.completed(); });
       bool pending = false;
       for (auto& c : channels) {
         std::uint64_t n = 0;
@@ -312,6 +349,9 @@ class engine {
   std::vector<ring_view> views_;
   std::uint64_t issued_;  // transport operations started (proxy thread only)
   std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};       // run() has returned but for its last instruction
+  std::atomic<steady::rep> call_since_{0};  // when the running transport call began; 0: none
+  inline static std::atomic<std::size_t> abandoned_{0};
   failure_latch failure_;
   std::thread thread_;
 };

@@ -12,14 +12,15 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
-#include "epcomm/transport/concepts.hpp"
 #include "epcomm/core/deadline.hpp"
-#include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/error.hpp"
-#include "epcomm/transport/rma/completion_window.hpp"
 #include "epcomm/core/failure_latch.hpp"
+#include "epcomm/core/spin_wait.hpp"
+#include "epcomm/transport/concepts.hpp"
+#include "epcomm/transport/rma/completion_window.hpp"
 
 namespace epcomm::proxy {
 
@@ -81,6 +82,18 @@ class rma_transport_base {
     } catch (const error&) {
       // Latched; what the caller does next does not depend on it.
     }
+  }
+
+  // Takes `lock` (over mu_) by dl; false when it stays held that long. A
+  // proxy thread can be stuck inside a provider call for good (a lock in
+  // shared memory that a dead peer held, libfabric's shm provider), holding
+  // mu_: waits and teardown then go on without it instead of hanging.
+  static bool lock_by(std::unique_lock<std::mutex>& lock, const deadline& dl) {
+    while (!lock.try_lock()) {
+      if (dl.expired()) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
   }
 
   // Progresses, swallowing latched errors, until done() or dl.
@@ -173,8 +186,10 @@ class rma_transport_base {
     // emulated atomics: a plain atomic add after copying the data in, no
     // release the C++ model or ThreadSanitizer knows of). Progress runs under
     // mu_, so taking it orders what that progress wrote before this rank
-    // reads it.
-    const std::lock_guard after_progress(mu_);
+    // reads it. A provider held up for good orders nothing any more: then
+    // the wait returns without it.
+    std::unique_lock after_progress(mu_, std::defer_lock);
+    lock_by(after_progress, deadline::after(std::min(timeout_, std::chrono::milliseconds(1'000))));
   }
 
   const int rank_;

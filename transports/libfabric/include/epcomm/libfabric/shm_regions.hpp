@@ -50,6 +50,15 @@ inline std::string next_address() {
          "." + std::to_string(endpoints++);
 }
 
+// Unlinks the file of this process's endpoint at `address` (next_address),
+// for a transport that leaves its endpoints open at teardown: it has none to
+// close, peers that map the file keep their mapping.
+inline void remove_own(std::string_view address) {
+  constexpr std::string_view scheme = "fi_shm://";
+  if (address.starts_with(scheme)) address.remove_prefix(scheme.size());
+  ::shm_unlink(("/" + std::string(address)).c_str());
+}
+
 // The pid that created the file `name`, when `name` is one of ours from the
 // pid namespace `ns`.
 inline std::optional<pid_t> owner(std::string_view name, std::string_view ns) {

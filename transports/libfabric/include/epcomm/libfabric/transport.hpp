@@ -49,7 +49,13 @@
 // address vector and registration of the control region), so that they
 // never queue behind the data: over the shm provider a dead sender's large
 // write can hold up every command behind it in a receiver's queue, and the
-// survivors' aborts with them.
+// survivors' aborts with them. The lane has a lock of its own too: a rank
+// that dies inside a write to a peer over the shm provider leaves that peer's
+// queue locked, and a survivor's thread writing there spins for good holding
+// the data path's mutex. Waits then still read the lane (a peer's abort names
+// the root cause), blame a peer that exited once the data path has been held
+// up that long, and teardown leaves the provider to the process's end
+// (abandoned_transports()) instead of hanging.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -160,12 +166,25 @@ class transport : public proxy::rma_transport_base {
   // Waits (bounded) for this rank's writes to complete, then closes. After a
   // failure it still drains briefly: healthy peers may be waiting for what is
   // already queued to them, while what was bound for a lost peer never leaves.
+  // When the data path stays held (a thread stuck in the provider), the
+  // provider's objects are left open: closing them would wait on it too.
   ~transport() {
-    std::unique_lock lock(mu_);
-    drain([&] { return !busy(); }, teardown_deadline(), [&] { progress_locked(); });
+    const deadline dl = teardown_deadline();
+    std::unique_lock lock(mu_, std::defer_lock);
+    if (!lock_by(lock, dl)) {
+      abandoned_.fetch_add(1, std::memory_order_relaxed);
+      for (const std::string& a : shm_addresses_) shm_regions::remove_own(a);
+      shm_regions::remove_orphans();
+      return;
+    }
+    drain([&] { return !busy(); }, dl, [&] { progress_locked(); });
     lock.unlock();
     close();
   }
+
+  // Transports of this process whose teardown found the data path held up
+  // for good and left the provider open (a bounded leak per lost peer).
+  static std::size_t abandoned_transports() { return abandoned_.load(std::memory_order_relaxed); }
 
   std::size_t max_write() const { return max_write_; }
 
@@ -242,12 +261,15 @@ class transport : public proxy::rma_transport_base {
 
   // Fails, like a wait, once a peer has aborted: the proxy then stops and
   // its producers learn why, even when what they wait for is their own
-  // operations (which an aborted peer may never acknowledge).
+  // operations (which an aborted peer may never acknowledge). The thread
+  // that calls it (or serve()) drives the provider from then on: waits
+  // leave the data path to it.
   void progress() {
+    driven_.store(true, std::memory_order_release);
     std::lock_guard lock(mu_);
     check_usable("libfabric progress");
     progress_locked();
-    if (abort_notices_ != 0)
+    if (abort_notices_.load(std::memory_order_acquire) != 0)
       check_peer_aborts({"libfabric progress", no_peer, "its operations to complete"});
   }
 
@@ -256,25 +278,36 @@ class transport : public proxy::rma_transport_base {
   // peers' writes to this rank still complete (rxm acknowledges them only
   // when progressed), so their teardown is not held up.
   void serve() {
+    driven_.store(true, std::memory_order_release);
     std::lock_guard lock(mu_);
     suppress_latched([&] { progress_locked(); });
   }
 
   void wait(std::size_t slot, std::uint64_t expected, deadline dl, wait_site site) {
+    std::optional<steady::time_point> held_since;  // mu_ seen held at every look since
     wait_signal(
         slot, counters_.size(), expected, dl, site, [&] { return counter(slot); },
-        [&] { progress_locked(); },
+        [&] {
+          // A proxy thread that drives the provider is its only caller on
+          // the data path: a waiter stuck in the provider could not fail.
+          if (!driven_.load(std::memory_order_acquire)) progress_locked();
+        },
         [&] {
           // Aborts first: the rank that relayed an abort may have exited since.
           check_peer_aborts(site);
           blame_if_gone(site);
         },
         [&] {
+          read_lane();
           check_peer_aborts(site);
-          if (peer_exited(site.peer)) {
-            std::lock_guard lock(mu_);
-            blame_if_gone(site);
+          blame_if_gone(site);
+          if (std::unique_lock lock(mu_, std::try_to_lock); lock.owns_lock()) {
+            held_since.reset();
+            return;
           }
+          const auto now = steady::now();
+          if (!held_since) held_since = now;
+          if (now - *held_since >= held_up_limit) blame_exit_while_held_up(site);
         });
   }
 
@@ -283,7 +316,9 @@ class transport : public proxy::rma_transport_base {
   void barrier(deadline dl) {
     std::uint64_t epoch;
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_, std::defer_lock);
+      if (!lock_by(lock, dl))
+        fail("barrier", no_peer, "deadline expired while the fabric provider was held up");
       check_usable("barrier");
       epoch = ++barrier_epoch_;
       for (int p = 0; p < world_; ++p) {
@@ -308,17 +343,22 @@ class transport : public proxy::rma_transport_base {
   void abort(int culprit = no_peer) {
     const std::uint64_t word = encode_abort(valid_culprit(culprit));
     if (!claim_abort(word)) return;
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(lane_mu_);
     std::atomic_ref<std::uint64_t>(abort_words()[rank_]).store(word, std::memory_order_release);
     for (int p = 0; p < world_; ++p)
       if (p != rank_ && !proxy::exited(processes_[p], self_))
         suppress_latched([&] { post_abort(p); });
     // Hands the writes to providers that send only when progressed.
-    suppress_latched([&] { progress_locked(); });
+    suppress_latched([&] { progress_lane(); });
   }
 
  private:
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
+  // How long a waiter finds the data path held at every look before it takes
+  // the provider for stuck (blame_exit_while_held_up). A call's hold is
+  // microseconds; a large copy over the shm provider a few milliseconds.
+  static constexpr std::chrono::milliseconds held_up_limit{200};
+  inline static std::atomic<std::size_t> abandoned_{0};
   // The control region starts with a scratch line: signal writes carry their
   // meaning in CQ data and write these 8 bytes, which nobody reads. Then one
   // abort word per rank (what that rank's abort wrote here; this rank's own
@@ -366,6 +406,34 @@ class transport : public proxy::rma_transport_base {
     bool on_abort_lane;  // posted through the abort lane's endpoint
   };
 
+  // Operations posted and not yet completed: the provider holds their
+  // contexts until then. The data path's are under mu_, the lane's under
+  // lane_mu_.
+  struct op_pool {
+    std::vector<std::unique_ptr<posted>> all;
+    std::vector<posted*> free;
+    std::size_t outstanding = 0;
+
+    posted* acquire(int peer, std::uint64_t ticket, std::uint64_t write) {
+      if (free.empty()) {
+        all.push_back(std::make_unique<posted>());
+        free.push_back(all.back().get());
+      }
+      posted* op = free.back();
+      free.pop_back();
+      *op = posted{};
+      op->peer = peer;
+      op->ticket = ticket;
+      op->write = write;
+      ++outstanding;
+      return op;
+    }
+    void release(posted* op) {
+      free.push_back(op);
+      --outstanding;
+    }
+  };
+
   struct peer_state {
     fi_addr_t addr = FI_ADDR_UNSPEC;
     remote_region regions[2];
@@ -410,22 +478,37 @@ class transport : public proxy::rma_transport_base {
   }
 
   // A peer that exited on this host fails the wait at once (elsewhere its
-  // loss shows as a completion error or, at worst, the deadline). What it
-  // wrote before leaving may still wait in this rank's completion queue: an
-  // abort it relayed on its way out names the root cause, so the queue is
-  // drained and peers' aborts checked before the exit is blamed. Holds mu_.
+  // loss shows as a completion error or, at worst, the deadline). An abort
+  // it relayed on its way out names the root cause, so the lane, where
+  // aborts arrive, is read and peers' aborts checked before the exit is
+  // blamed. Only the lane: over the shm provider a write to the dead peer,
+  // or a read of a queue it was writing into, can wait for good on a lock
+  // it held.
   void blame_if_gone(const wait_site& site) {
     if (!peer_exited(site.peer)) return;
-    for (int round = 0; round < 8; ++round) {
-      try {
-        progress_locked();
-        break;
-      } catch (const error&) {
-        // An error entry was consumed; the rest of the queue still drains.
-      }
-    }
+    read_lane();
     check_peer_aborts(site);
     fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
+  }
+
+  // The waiter has found mu_ held at every look for held_up_limit: the
+  // thread holding it may be stuck in the provider for good, on a lock a
+  // dead peer held. When a peer has exited the wait fails, naming the
+  // lowest such (the awaited one lives: blame_if_gone has looked).
+  void blame_exit_while_held_up(const wait_site& site) {
+    for (int p = 0; p < world_; ++p)
+      if (peer_exited(p))
+        fail(site.op, p,
+             std::string("peer process exited while waiting for ") + site.what + " from peer " +
+                 std::to_string(site.peer) +
+                 ", and this rank's fabric provider has been held up since");
+  }
+
+  // Peers' aborts that have arrived, read by a waiter; errors of this rank's
+  // own aborts are latched, and the wait reports a better one.
+  void read_lane() {
+    std::unique_lock lane(lane_mu_, std::defer_lock);
+    if (lock_by(lane, deadline::after(held_up_limit))) suppress_latched([&] { progress_lane(); });
   }
 
   // A peer's abort notice has arrived (its CQ data counts only once the word
@@ -574,6 +657,7 @@ class transport : public proxy::rma_transport_base {
                " does not offer (offered: " + offered + ")");
     }
     info_ = fi_dupinfo(chosen);
+    shm_ = over_shm();
     fi_freeinfo(list);
     if (info_ == nullptr) fail("libfabric setup", no_peer, "fi_dupinfo failed");
     name_ = std::string("libfabric/") + info_->fabric_attr->prov_name;
@@ -629,6 +713,7 @@ class transport : public proxy::rma_transport_base {
       const std::string address = shm_regions::next_address();
       r = fi_setname(&ep->fid, const_cast<char*>(address.c_str()), address.size() + 1);
       if (r != 0) fail_fi("libfabric setup", no_peer, "fi_setname", r);
+      shm_addresses_.push_back(address);
     }
     r = fi_enable(ep);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_enable", r);
@@ -769,13 +854,14 @@ class transport : public proxy::rma_transport_base {
     auto* scratch = reinterpret_cast<std::uint64_t*>(local_[control_region].memory.data());
     for (int p = rank_ + 1; p < world_; ++p) {
       post_signal(p, hello_slot(rank_), 1, no_ticket);
+      std::lock_guard lane(lane_mu_);
       post_on_lane(p, scratch, 0, lane_hello_slot(rank_));  // the abort lane too
     }
     auto greeted = [&](int p) {
       return counter(hello_slot(p)) != 0 && counter(lane_hello_slot(p)) != 0;
     };
     auto connected = [&] {
-      if (outstanding_ != 0) return false;
+      if (busy()) return false;
       for (int p = 0; p < rank_; ++p)
         if (!greeted(p)) return false;
       return true;
@@ -795,29 +881,11 @@ class transport : public proxy::rma_transport_base {
 
   // ---- data path (mu_ held) -----------------------------------------------
 
-  posted* acquire(int peer, std::uint64_t ticket, std::uint64_t write) {
-    if (free_.empty()) {
-      pool_.push_back(std::make_unique<posted>());
-      free_.push_back(pool_.back().get());
-    }
-    posted* op = free_.back();
-    free_.pop_back();
-    *op = posted{};
-    op->peer = peer;
-    op->ticket = ticket;
-    op->write = write;
-    ++outstanding_;
-    return op;
-  }
-
-  void release(posted* op) {
-    free_.push_back(op);
-    --outstanding_;
-  }
-
-  // Writes not yet complete (queued ones included), or signals still held back.
+  // Writes not yet complete (queued ones and aborts included), or signals
+  // still held back.
   bool busy() const {
-    if (outstanding_ != 0) return true;
+    if (ops_.outstanding != 0) return true;
+    if (std::lock_guard lane(lane_mu_); lane_.ops.outstanding != 0) return true;
     return std::any_of(peers_.begin(), peers_.end(),
                        [](const peer_state& p) { return !p.held.empty(); });
   }
@@ -833,18 +901,18 @@ class transport : public proxy::rma_transport_base {
   void post_write(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
                   std::uint64_t ticket, std::optional<std::uint64_t> cq_data) {
     auto& p = peers_[peer];
-    posted* op = acquire(peer, ticket, p.writes.open(1));
+    posted* op = ops_.acquire(peer, ticket, p.writes.open(1));
     post(op, data_region, data() + local_off, remote_off, bytes, cq_data);
   }
 
   void post_signal(int peer, std::size_t slot, std::uint64_t n, std::uint64_t ticket) {
-    posted* op = acquire(peer, ticket, no_ticket);
+    posted* op = ops_.acquire(peer, ticket, no_ticket);
     post(op, control_region, local_[control_region].memory.data(), 0, sizeof(std::uint64_t),
          encode_signal(slot, n));
   }
 
   // This rank's abort word into its slot at `peer`, the CQ data saying it
-  // has landed.
+  // has landed. lane_mu_ held, as for everything on the lane.
   void post_abort(int peer) {
     post_on_lane(peer, abort_words() + rank_,
                  scratch_bytes + static_cast<std::uint64_t>(rank_) * sizeof(std::uint64_t),
@@ -853,10 +921,10 @@ class transport : public proxy::rma_transport_base {
 
   // 8 bytes from `local` (in the control region) to `remote_off` of the
   // peer's control region through the abort lane, carrying one signal on
-  // `slot`. Ahead of anything the provider refused earlier: an abort must
-  // not queue behind a backlog to a peer that stopped draining.
+  // `slot`. Refused ones wait in the lane's own backlog: an abort must not
+  // queue behind a backlog of data to a peer that stopped draining.
   void post_on_lane(int peer, std::uint64_t* local, std::uint64_t remote_off, std::size_t slot) {
-    posted* op = acquire(peer, no_ticket, no_ticket);
+    posted* op = lane_.ops.acquire(peer, no_ticket, no_ticket);
     op->on_abort_lane = true;
     op->region = control_region;
     op->local = local;
@@ -867,10 +935,23 @@ class transport : public proxy::rma_transport_base {
     try {
       posted_now = try_post(op);
     } catch (const error&) {
-      release(op);  // the provider refused it for good: nothing to wait for at teardown
+      lane_.ops.release(op);  // the provider refused it for good: nothing to wait for at teardown
       throw;
     }
-    if (!posted_now) peers_[peer].backlog.push_front(op);
+    if (!posted_now) lane_.backlog.push_back(op);
+  }
+
+  // Reads the lane's completions (peers' aborts and hellos, this rank's
+  // aborts) and posts what it refused before; an abort for a peer that has
+  // exited is dropped. lane_mu_ held.
+  void progress_lane() {
+    drain_cq(lane_.cq);
+    std::erase_if(lane_.backlog, [&](posted* op) {
+      if (try_post(op)) return true;
+      if (!peer_exited(op->peer)) return false;
+      lane_.ops.release(op);
+      return true;
+    });
   }
 
   void post(posted* op, int region, void* local, std::uint64_t remote_off, std::size_t bytes,
@@ -881,7 +962,9 @@ class transport : public proxy::rma_transport_base {
     op->bytes = bytes;
     op->cq_data = cq_data;
     auto& backlog = peers_[op->peer].backlog;
-    if (backlog.empty() && try_post(op)) return;
+    // Over the shm provider a write to a peer that exited may never return
+    // (retry_backlog); it waits in the backlog, which drops it.
+    if (backlog.empty() && !(shm_ && peer_exited(op->peer)) && try_post(op)) return;
     backlog.push_back(op);
   }
 
@@ -915,12 +998,16 @@ class transport : public proxy::rma_transport_base {
   // Queued writes to a peer that exited never go: they are dropped (with the
   // signals held behind them) so that they neither fail every later progress
   // nor hold up teardown, and the loss is reported once.
+  // Nothing is posted to a peer known exited: over the shm provider the
+  // write could wait for good on a lock it held.
   void retry_backlog(int peer) {
     auto& p = peers_[peer];
-    while (!p.backlog.empty() && try_post(p.backlog.front())) p.backlog.pop_front();
-    if (p.backlog.empty() || !proxy::exited(processes_[peer], self_)) return;
+    if (!proxy::exited(processes_[peer], self_)) {
+      while (!p.backlog.empty() && try_post(p.backlog.front())) p.backlog.pop_front();
+      return;
+    }
     const std::size_t dropped = p.backlog.size();
-    for (posted* op : p.backlog) release(op);
+    for (posted* op : p.backlog) ops_.release(op);
     p.backlog.clear();
     p.held.clear();
     fail("libfabric write", peer,
@@ -954,7 +1041,10 @@ class transport : public proxy::rma_transport_base {
   // Every peer's queue moves on even when another peer's fails: an abort
   // queued to a live peer must not wait behind writes to a lost one.
   void progress_locked() {
-    drain_cq(lane_.cq);  // an abort first: it names the root cause
+    {
+      std::lock_guard lane(lane_mu_);
+      progress_lane();  // an abort first: it names the root cause
+    }
     drain_cq(cq_);
     std::optional<error> first;
     for (int p = 0; p < world_; ++p) {
@@ -991,17 +1081,24 @@ class transport : public proxy::rma_transport_base {
                "incoming signal names slot " + std::to_string(slot) + " of " +
                    std::to_string(counters_.size()));
         add_local(slot, signal_increment_of(e.data));
-        if (slot >= abort_slot(0) && slot < abort_slot(world_)) ++abort_notices_;
+        if (slot >= abort_slot(0) && slot < abort_slot(world_))
+          abort_notices_.fetch_add(1, std::memory_order_release);
       }
       return;
     }
     on_completion_of(static_cast<posted*>(e.op_context));
   }
 
+  // The lane's operations complete on the lane's queue (lane_mu_ held), the
+  // data path's on its own (mu_ held).
   void on_completion_of(posted* op) {
+    if (op->on_abort_lane) {
+      lane_.ops.release(op);
+      return;
+    }
     if (op->write != no_ticket) peers_[op->peer].writes.complete(op->write);
     if (op->ticket != no_ticket) tickets_.complete(op->ticket);
-    release(op);
+    ops_.release(op);
   }
 
   [[noreturn]] void fail_from_cq_error(fid_cq* cq) {
@@ -1025,6 +1122,7 @@ class transport : public proxy::rma_transport_base {
   std::size_t max_write_ = 0;
 
   fi_info* info_ = nullptr;
+  bool shm_ = false;  // over_shm(), asked once
   std::string domain_name_;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
@@ -1034,14 +1132,18 @@ class transport : public proxy::rma_transport_base {
   local_region local_[2];  // control_region, data_region
   bool virt_addr_ = false;
   // The abort lane: an endpoint for abort words only, with what it needs of
-  // its own, and its registration of the control region.
+  // its own, its registration of the control region, its operations and
+  // their lock.
   struct {
     fid_cq* cq = nullptr;
     fid_av* av = nullptr;
     fid_ep* ep = nullptr;
     fid_mr* mr = nullptr;
     void* desc = nullptr;
+    op_pool ops;
+    std::deque<posted*> backlog;  // refused with -FI_EAGAIN
   } lane_;
+  mutable std::mutex lane_mu_;  // taken after mu_ when both are
 
   // Local signal counters, read with acquire: the user's slots, then per
   // rank a barrier, a connection-hello, an abort and an abort-lane hello slot.
@@ -1049,10 +1151,10 @@ class transport : public proxy::rma_transport_base {
   std::vector<peer_state> peers_;
   proxy::process_identity self_ = proxy::this_process();
   std::vector<proxy::process_identity> processes_;
-  std::vector<std::unique_ptr<posted>> pool_;
-  std::vector<posted*> free_;
-  std::size_t outstanding_ = 0;    // posted fabric operations not yet completed
-  std::size_t abort_notices_ = 0;  // peers' abort notices received
+  std::vector<std::string> shm_addresses_;      // this rank's endpoints over the shm provider
+  op_pool ops_;                                 // the data path's
+  std::atomic<std::size_t> abort_notices_ = 0;  // peers' abort notices received
+  std::atomic<bool> driven_ = false;  // a proxy thread progresses (progress() or serve() called)
   std::uint64_t barrier_epoch_ = 0;
 };
 
