@@ -261,11 +261,10 @@ class transport : public proxy::rma_transport_base {
 
   // Fails, like a wait, once a peer has aborted: the proxy then stops and
   // its producers learn why, even when what they wait for is their own
-  // operations (which an aborted peer may never acknowledge). The thread
-  // that calls it (or serve()) drives the provider from then on: waits
-  // leave the data path to it.
+  // operations (which an aborted peer may never acknowledge). While a
+  // thread calls it (or serve()) waits leave the data path to it.
   void progress() {
-    driven_.store(true, std::memory_order_release);
+    note_driven();
     std::lock_guard lock(mu_);
     check_usable("libfabric progress");
     progress_locked();
@@ -278,7 +277,7 @@ class transport : public proxy::rma_transport_base {
   // peers' writes to this rank still complete (rxm acknowledges them only
   // when progressed), so their teardown is not held up.
   void serve() {
-    driven_.store(true, std::memory_order_release);
+    note_driven();
     std::lock_guard lock(mu_);
     suppress_latched([&] { progress_locked(); });
   }
@@ -290,7 +289,7 @@ class transport : public proxy::rma_transport_base {
         [&] {
           // A proxy thread that drives the provider is its only caller on
           // the data path: a waiter stuck in the provider could not fail.
-          if (!driven_.load(std::memory_order_acquire)) progress_locked();
+          if (!driven()) progress_locked();
         },
         [&] {
           // Aborts first: the rank that relayed an abort may have exited since.
@@ -471,6 +470,19 @@ class transport : public proxy::rma_transport_base {
   }
   void add_local(std::size_t slot, std::uint64_t n) {
     std::atomic_ref<std::uint64_t>(counters_[slot]).fetch_add(n, std::memory_order_release);
+  }
+
+  // A proxy thread drives the provider: it called progress() or serve()
+  // lately (it does every 50 us or so, every 1 ms once failed). A thread
+  // stuck in the provider holds mu_, so a waiter that finds mu_ free and no
+  // driver (there was none, or its engine is gone) may progress itself.
+  static constexpr std::chrono::milliseconds driver_gap{10};
+  void note_driven() {
+    driven_at_.store(steady::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  bool driven() const {
+    const steady::time_point at{steady::duration(driven_at_.load(std::memory_order_relaxed))};
+    return steady::now() - at < driver_gap;
   }
 
   bool peer_exited(int peer) const {
@@ -1154,7 +1166,7 @@ class transport : public proxy::rma_transport_base {
   std::vector<std::string> shm_addresses_;      // this rank's endpoints over the shm provider
   op_pool ops_;                                 // the data path's
   std::atomic<std::size_t> abort_notices_ = 0;  // peers' abort notices received
-  std::atomic<bool> driven_ = false;  // a proxy thread progresses (progress() or serve() called)
+  std::atomic<steady::rep> driven_at_ = 0;      // when progress() or serve() was last called
   std::uint64_t barrier_epoch_ = 0;
 };
 
