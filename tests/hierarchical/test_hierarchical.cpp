@@ -21,6 +21,7 @@
 
 #include "epcomm/hierarchical/buffer.hpp"
 #include "support/async_case.hpp"
+#include "support/cached_dispatch_case.hpp"
 #include "support/run_case.hpp"
 #if defined(EPCOMM_TEST_LIBFABRIC)
 #include "epcomm/libfabric/transport.hpp"
@@ -444,6 +445,81 @@ bool lost_rank_fails_survivors_fast() {
   return ok && someone_named_it;
 }
 
+// A dispatch from a cached handle over `nodes` nodes of 2 (check_cached_dispatch),
+// and what it moves across nodes: the same rows as the dispatch that made the
+// handle (a token once per other node it reaches), each without its top-k
+// ids and weights but with the mask of the node's ranks it reaches. Then one
+// rank's handle of another routing fails the call on every rank.
+template <class Inter>
+bool cached_dispatch_across_nodes(int nodes) {
+  constexpr int per_node = 2;
+  const int world = nodes * per_node;
+  local_launch_options opt;
+  opt.ranks_per_node = per_node;
+  const auto codes = launch_local(
+      world,
+      [&](local_bootstrap& boot) {
+        const int rank = boot.rank();
+        hier<Inter, fp8_e4m3> buf(boot, test::case_config(world, 256));
+        struct traffic_probe {
+          hier<Inter, fp8_e4m3>& buf;
+          std::vector<hierarchical_traffic> seen;
+          void before_first() { seen.push_back(buf.traffic()); }
+          void after_first() { seen.push_back(buf.traffic()); }
+          void before_cached() { seen.push_back(buf.traffic()); }
+          void after_cached() { seen.push_back(buf.traffic()); }
+        } probe{buf, {}};
+        if (int rc = test::check_cached_dispatch(buf, rank, world, probe)) return rc;
+        const auto first =
+            minus(probe.seen[1].inter.payload_bytes, probe.seen[0].inter.payload_bytes);
+        const auto cached =
+            minus(probe.seen[3].inter.payload_bytes, probe.seen[2].inter.payload_bytes);
+        // fp8 rows of hidden 256 with 2 scales and a source index; top-4 ids
+        // and weights in the dispatch, one mask word in the cached one.
+        const std::uint64_t with_topk = 256 + 2 * 4 + 4 * (8 + 4) + 4,
+                            with_mask = 256 + 2 * 4 + 8 + 4;
+        for (int m = 0; m < nodes; ++m)
+          if (first[m] % with_topk != 0 || cached[m] != first[m] / with_topk * with_mask)
+            return test::fail_rank(rank, "cached dispatch moved " + std::to_string(cached[m]) +
+                                             " bytes to node " + std::to_string(m) +
+                                             ", its handle's dispatch " + std::to_string(first[m]));
+        // The last rank passes another dispatch's handle: every rank fails
+        // naming it before any payload moves, and the buffer goes on.
+        const test::shape s{world, 30, 256, 4, 4 * world, routing::random, 21u};
+        const test::shape t{world, 30, 256, 4, 4 * world, routing::uneven, 22u};
+        const auto a = test::make_input<fp8_e4m3>(s, rank);
+        const auto b = test::make_input<fp8_e4m3>(t, rank);
+        const dispatch_handle ha =
+            buf.dispatch(dispatch_input<fp8_e4m3>{s.tokens, s.hidden, s.topk, a.x, a.scales,
+                                                  a.topk_idx, a.topk_weights})
+                .handle;
+        const dispatch_handle hb =
+            buf.dispatch(dispatch_input<fp8_e4m3>{t.tokens, t.hidden, t.topk, b.x, b.scales,
+                                                  b.topk_idx, b.topk_weights})
+                .handle;
+        const int culprit = world - 1;
+        const auto before = buf.traffic();
+        try {
+          buf.dispatch(cached_dispatch_input<fp8_e4m3>{a.x, a.scales}, rank == culprit ? hb : ha);
+          return test::fail_rank(rank, "a cached dispatch along two routings was accepted");
+        } catch (const error& e) {
+          if (std::string(e.what()).find("the cached handle's routing") == std::string::npos ||
+              (rank != culprit && e.peer() != culprit))
+            return test::fail_rank(rank, e.what());
+        }
+        const auto after = buf.traffic();
+        if (after.inter.payload_bytes != before.inter.payload_bytes ||
+            after.intra.payload_bytes != before.intra.payload_bytes)
+          return test::fail_rank(rank, "payload moved before the cached dispatch was rejected");
+        const auto res = buf.dispatch(cached_dispatch_input<fp8_e4m3>{a.x, a.scales}, ha);
+        return res.num_recv_tokens == ha.num_recv_tokens
+                   ? 0
+                   : test::fail_rank(rank, "the cached dispatch after the rejected one");
+      },
+      opt);
+  return test::all_ok(codes, "cached dispatch over " + std::to_string(nodes) + " nodes of 2");
+}
+
 }  // namespace
 
 // The cases every inter transport runs, named after it (`prefix`).
@@ -478,11 +554,15 @@ bool lost_rank_fails_survivors_fast() {
     const auto codes = launch_local(                                                              \
         4,                                                                                        \
         [](local_bootstrap& boot) {                                                               \
-          hier<Inter, bf16> buf(boot, test::async_case_config(4));                                \
+          hier<Inter, bf16> buf(boot, test::case_config(4, 128));                                 \
           return test::check_async_calls(buf, boot.rank(), 4);                                    \
         },                                                                                        \
         opt);                                                                                     \
     CHECK(test::all_ok(codes, "asynchronous calls over 2 nodes of 2"));                           \
+  }                                                                                               \
+  TEST_CASE(prefix " a dispatch from a cached handle over 2 and 3 nodes of 2") {                  \
+    CHECK(cached_dispatch_across_nodes<Inter>(2));                                                \
+    CHECK(cached_dispatch_across_nodes<Inter>(3));                                                \
   }                                                                                               \
   TEST_CASE(prefix " mask_lost_ranks is refused on every rank") {                                 \
     CHECK(masking_is_refused<Inter>());                                                           \

@@ -12,23 +12,14 @@
 
 #include "epcomm/core/error.hpp"
 #include "epcomm/normal/arguments.hpp"
+#include "support/case_config.hpp"
 #include "support/exit_codes.hpp"
 #include "support/reference.hpp"
 
 namespace epcomm::test {
 
-// The buffer check_async_calls runs on: 4 experts per rank, top-4, 40 tokens of 128.
-inline buffer_config async_case_config(int world) {
-  buffer_config cfg;
-  cfg.num_experts = 4 * world;
-  cfg.max_hidden = 128;
-  cfg.max_topk = 4;
-  cfg.max_tokens_per_rank = 40;
-  return cfg;
-}
-
 // On every rank of a group of `world`, with a bf16 buffer built from
-// async_case_config(world): 0, or a failure.
+// case_config(world, 128): 0, or a failure.
 template <class Buffer>
 int check_async_calls(Buffer& buf, int rank, int world) {
   const int culprit = world - 1;

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "support/async_case.hpp"
+#include "support/cached_dispatch_case.hpp"
 #include "support/run_case.hpp"
 
 namespace epcomm::test {
@@ -27,16 +28,6 @@ inline std::string provider_environment() {
   for (const char* v : {"FI_PROVIDER", "UCX_TLS"})
     if (const char* value = std::getenv(v)) s += std::string(" ") + v + "=" + value;
   return s;
-}
-
-// The buffer of the handle cases: 12 experts over 3 ranks, top-4, 40 tokens.
-inline buffer_config handle_case_config(int max_hidden) {
-  buffer_config cfg;
-  cfg.num_experts = 12;
-  cfg.max_hidden = max_hidden;
-  cfg.max_topk = 4;
-  cfg.max_tokens_per_rank = 40;
-  return cfg;
 }
 
 }  // namespace epcomm::test
@@ -128,7 +119,7 @@ TEST_CASE_TEMPLATE_DEFINE("a handle stays valid across later dispatches, combine
   // their combines in reverse order, each from its own handle.
   const auto codes = launch_local(3, [](local_bootstrap& boot) {
     const int rank = boot.rank();
-    buffer<T, bf16> buf(boot, test::handle_case_config(128));
+    buffer<T, bf16> buf(boot, test::case_config(3, 128));
     struct layer {
       test::shape s;
       std::vector<test::rank_input<bf16>> all;
@@ -171,60 +162,9 @@ TEST_CASE_TEMPLATE_DEFINE("a dispatch from a cached handle, after another routin
                           dc_cached_dispatch) {
   using namespace epcomm;
   EPCOMM_SUITE_CONTEXT(T);
-  // DeepEP's dispatch(handle=): a backward pass sends new rows (here fp8,
-  // with scales) along a routing kept from an earlier dispatch, while another
-  // dispatch came in between. Each row must land where the handle's routing
-  // put its token, and a combine of the handle must then sum them back.
   const auto codes = launch_local(3, [](local_bootstrap& boot) {
-    const int rank = boot.rank();
-    buffer<T, fp8_e4m3> buf(boot, test::handle_case_config(256));
-    const test::shape kept{3, 37, 256, 4, 12, test::routing::random, 5u};
-    const test::shape between{3, 40, 256, 4, 12, test::routing::uneven, 6u};
-    const test::shape fresh{3, 37, 256, 4, 12, test::routing::random, 7u};  // its x only
-    const auto a = test::make_input<fp8_e4m3>(kept, rank);
-    const auto first = buf.dispatch(
-        {kept.tokens, kept.hidden, kept.topk, a.x, a.scales, a.topk_idx, a.topk_weights});
-    const dispatch_handle h = first.handle;
-    const std::vector<std::int32_t> src(first.recv_src_idx.begin(), first.recv_src_idx.end());
-    const auto b = test::make_input<fp8_e4m3>(between, rank);
-    buf.dispatch(
-        {between.tokens, between.hidden, between.topk, b.x, b.scales, b.topk_idx, b.topk_weights});
-
-    std::vector<test::rank_input<fp8_e4m3>> all;
-    for (int r = 0; r < 3; ++r) all.push_back(test::make_input<fp8_e4m3>(fresh, r));
-    const auto res =
-        buf.dispatch(cached_dispatch_input<fp8_e4m3>{all[rank].x, all[rank].scales}, h);
-    const std::size_t hidden = kept.hidden, nscales = hidden / fp8_block;
-    if (res.num_recv_tokens != h.num_recv_tokens || !res.recv_topk_idx.empty() ||
-        !res.num_recv_tokens_per_expert.empty() ||
-        !std::equal(src.begin(), src.end(), res.recv_src_idx.begin(), res.recv_src_idx.end()))
-      return test::fail_rank(rank, "cached dispatch: counts, source indices or extras differ");
-    for (int s = 0; s < 3; ++s) {
-      for (int i = 0; i < h.sent(s, rank); ++i) {
-        const std::size_t row = h.recv_offset(s, rank) + i, t = src[row];
-        if (std::memcmp(&res.recv_x[row * hidden], &all[s].x[t * hidden], hidden) != 0 ||
-            std::memcmp(&res.recv_x_scales[row * nscales], &all[s].scales[t * nscales],
-                        nscales * sizeof(float)) != 0)
-          return test::fail_rank(rank, "row " + std::to_string(row) + " is not token " +
-                                           std::to_string(t) + " of rank " + std::to_string(s));
-      }
-    }
-    // Each received row returned as is: a token comes back once per rank it reached.
-    std::vector<bf16> y(static_cast<std::size_t>(res.num_recv_tokens) * hidden);
-    for (std::size_t i = 0; i < y.size(); ++i)
-      y[i] = from_float<bf16>(to_float(res.recv_x[i]) * res.recv_x_scales[i / fp8_block]);
-    const auto out = buf.combine({y, std::nullopt, {}, {}}, h);
-    for (int t = 0; t < kept.tokens; ++t) {
-      int reached = 0;
-      for (int r = 0; r < 3; ++r) reached += h.send_pos[t * 3 + r] >= 0 ? 1 : 0;
-      for (std::size_t c = 0; c < hidden; ++c) {
-        const float want = reached * to_float(all[rank].x[t * hidden + c]) *
-                           all[rank].scales[t * nscales + c / fp8_block];
-        if (std::fabs(to_float(out.x[t * hidden + c]) - want) > 0.02f * std::fabs(want) + 1e-3f)
-          return test::fail_rank(rank, "combine after a cached dispatch");
-      }
-    }
-    return 0;
+    buffer<T, fp8_e4m3> buf(boot, test::case_config(3, 256));
+    return test::check_cached_dispatch(buf, boot.rank(), 3);
   });
   CHECK(test::all_ok(codes, "cached dispatch"));
 }
@@ -241,7 +181,7 @@ TEST_CASE_TEMPLATE_DEFINE("one buffer serves bf16, fp8 and fp32 calls in any ord
   // whose views each call takes in its own type.
   const auto codes = launch_local(3, [](local_bootstrap& boot) {
     const int rank = boot.rank();
-    buffer<T, bf16, fp8_e4m3, float> buf(boot, test::handle_case_config(256));
+    buffer<T, bf16, fp8_e4m3, float> buf(boot, test::case_config(3, 256));
     test::case_options opt;
     opt.dispatch_in_place = test::in_place::odd_ranks;
     opt.combine_in_place = test::in_place::odd_ranks;
@@ -284,7 +224,7 @@ TEST_CASE_TEMPLATE_DEFINE("asynchronous calls: results, order behind a synchrono
   using namespace epcomm;
   EPCOMM_SUITE_CONTEXT(T);
   const auto codes = launch_local(3, [](local_bootstrap& boot) {
-    buffer<T, bf16> buf(boot, test::async_case_config(3));
+    buffer<T, bf16> buf(boot, test::case_config(3, 128));
     return test::check_async_calls(buf, boot.rank(), 3);
   });
   CHECK(test::all_ok(codes, "asynchronous calls"));

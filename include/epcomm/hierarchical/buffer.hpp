@@ -65,6 +65,7 @@
 #include "epcomm/normal/call_overloads.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
 #include "epcomm/normal/input_checks.hpp"
+#include "epcomm/normal/notify_header.hpp"
 #include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
 #include "epcomm/transport/concepts.hpp"
@@ -153,10 +154,17 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     const std::string cause = check_dispatch_input(in, opt, cap_);
     const topology topo{world_, per_node_, cap_.num_experts, in.hidden, in.topk};
     const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
+    const auto reach =
+        cause.empty()
+            ? reach_by_node(in.num_tokens, [&](int t, int d) { return lay.in_rank(t, d); })
+            : std::vector<node_tokens>(nodes_);
 
+    wire::notify_header hdr =
+        notify_header_of<Token>(cause, epoch, in.num_tokens, in.hidden, in.topk, cap_.num_experts);
+    hdr.recv_bound = opt.worst_case_recv_tokens;
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      gather_notify(in, opt, lay, cause, epoch, dl);
+      gather_notify(hdr, lay.tokens_per_rank, reach, lay.tokens_per_expert, epoch, dl);
     });
     const auto records = read_notify();
     settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, records); },
@@ -165,27 +173,51 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     dispatch_result<Token> res;
     res.handle =
         make_dispatch_handle(rank_, in.num_tokens, in.hidden, in.topk, records, lay.send_pos);
-    guarded([&] {
-      inject(fault::point::mid_dispatch, "dispatch");
-      relay_rows(in, lay, dl);
-      store_rows<Token>(rank_, in.num_tokens, own_rows(in), res.handle);
-      for (int m = 0; m < nodes_; ++m)
-        if (m != node_)
-          inter_.wait(rail_slot(rail_signal::data, m), epoch, dl, "dispatch", m,
-                      "relayed token rows");
-      for (int m = 0; m < nodes_; ++m) {
-        if (m == node_) continue;
-        const int source = m * per_node_ + local_;
-        store_rows<Token>(source, records[source].tokens_per_node[node_], relayed_rows(m, in),
-                          res.handle);
-      }
-      for (int i = 0; i < per_node_; ++i)
-        if (i != local_) intra_.signal(i, node_slot(node_signal::data, local_), dl);
-      for (int i = 0; i < per_node_; ++i)
-        if (i != local_)
-          intra_.wait(node_slot(node_signal::data, i), epoch, dl, "dispatch", i, "token rows");
-    });
+    move_rows(in, reach, records, res.handle, epoch, dl);
     fill_result(res, in, opt, records);
+    return res;
+  }
+
+  // DeepEP's dispatch(handle=...) across nodes: the flat buffer's cached
+  // dispatch (normal/buffer.hpp), with its results. No layout: every rank's
+  // record carries the handle's counts and the header the routing
+  // fingerprint every rank must share; a relayed row carries, instead of its
+  // top-k ids and weights, the mask of the forwarder's node ranks it reaches
+  // (taken from the handle's send positions).
+  template <one_of<Tokens...> Token>
+  dispatch_result<Token> dispatch(const cached_dispatch_input<Token>& in,
+                                  const dispatch_handle& h) {
+    start_call("dispatch");
+    const std::uint64_t epoch = ++dispatch_epoch_;
+    const deadline dl = deadline::after(timeout_);
+    const std::string cause = check_cached_dispatch_input(in, h, rank_, cap_);
+    const bool ok = cause.empty();
+    // A rejected handle may be malformed: nothing is read from it.
+    const dispatch_input<Token> rows =
+        ok ? dispatch_input<Token>{h.num_tokens, h.hidden, 0, in.x, in.x_scales, {}, {}}
+           : dispatch_input<Token>{};
+    std::vector<int> per_rank(world_, 0);
+    std::vector<node_tokens> reach(nodes_);
+    wire::notify_header hdr =
+        notify_header_of<Token>(cause, epoch, rows.num_tokens, rows.hidden, 0, cap_.num_experts);
+    if (ok) {
+      for (int r = 0; r < world_; ++r) per_rank[r] = h.sent(rank_, r);
+      reach = reach_of(h);
+      hdr.routing = routing_fingerprint(h.count_matrix.data(), world_);
+    }
+    guarded([&] {
+      inject(fault::point::before_notify, "dispatch");
+      gather_notify(hdr, per_rank, reach, {}, epoch, dl);
+    });
+    const auto records = read_notify();
+    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, records); },
+                      node_signal::data, rail_signal::data, epoch, dl, "dispatch");
+
+    dispatch_result<Token> res;
+    res.handle = h;
+    move_rows(rows, reach, records, h, epoch, dl);
+    fill_result(res, rows, {}, records);
+    res.num_recv_tokens_per_expert.clear();
     return res;
   }
 
@@ -201,7 +233,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     const std::string cause = check_combine_input<Out>(in, h, out_x, out_weights, rank_, cap_);
     const bool weights = in.topk_weights.has_value();
     std::vector<node_tokens> reach;
-    if (cause.empty()) reach = tokens_by_node(h);
+    if (cause.empty()) reach = reach_of(h);
 
     guarded([&] { gather_status(cause, token_traits<Out>::id, weights, reach, epoch, dl); });
     settle_on_failure([&] { check_status(epoch); }, node_signal::combine_staged,
@@ -245,9 +277,12 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   struct row_ref {
     const Token* x;
     const float* scales;
-    const std::int64_t* topk_idx;  // global expert ids
+    const std::int64_t* topk_idx;  // global expert ids (none in a cached dispatch)
     const float* weights;
     std::int32_t src;
+    // The node's ranks the row reaches (bit = local index), or null: then its
+    // top-k ids say.
+    const std::uint64_t* mask;
   };
 
   template <bootstrap B>
@@ -346,11 +381,29 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
 
   // ---- dispatch ----------------------------------------------------------
 
-  // Whether token t reaches any rank of node m.
-  bool reaches(const layout& lay, int t, int m) const {
-    for (int i = 0; i < per_node_; ++i)
-      if (lay.in_rank(t, m * per_node_ + i)) return true;
-    return false;
+  // For every node, the tokens (of num_tokens) that reach any of its ranks
+  // and which of its ranks each reaches; reaches(t, d): token t goes to
+  // world rank d.
+  template <class Reaches>
+  std::vector<node_tokens> reach_by_node(int num_tokens, Reaches&& reaches) const {
+    const int words = wire::hier::mask_words(per_node_);
+    std::vector<node_tokens> out(nodes_);
+    std::vector<std::uint64_t> mask(words);
+    for (int t = 0; t < num_tokens; ++t) {
+      for (int m = 0; m < nodes_; ++m) {
+        std::fill(mask.begin(), mask.end(), 0);
+        bool any = false;
+        for (int i = 0; i < per_node_; ++i) {
+          if (!reaches(t, m * per_node_ + i)) continue;
+          mask[i / 64] |= std::uint64_t{1} << (i % 64);
+          any = true;
+        }
+        if (!any) continue;
+        out[m].tokens.push_back(t);
+        out[m].masks.insert(out[m].masks.end(), mask.begin(), mask.end());
+      }
+    }
+    return out;
   }
 
   std::size_t record_bytes() const { return wire::hier::notify_record_bytes(cap_, nodes_); }
@@ -358,15 +411,16 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   // Hop 1 puts this rank's record to every rank of its rail; hop 2 copies
   // the rail's N records to every rank of the node. Then every rank holds
   // every rank's record, in its node buffer's slot for that rank.
-  template <class Token>
-  void gather_notify(const dispatch_input<Token>& in, const dispatch_options& opt,
-                     const layout& lay, const std::string& cause, std::uint64_t epoch,
-                     const deadline& dl) {
+  // The record holds `hdr` and, when it accepts the call, this rank's counts:
+  // per_rank [R], the sizes of `reach`, per_expert [E] (empty: zeros).
+  void gather_notify(const wire::notify_header& hdr, std::span<const int> per_rank,
+                     const std::vector<node_tokens>& reach, std::span<const int> per_expert,
+                     std::uint64_t epoch, const deadline& dl) {
     inter_.quiet(dl);
     const std::size_t slot_bytes = rail_plan_.notify_slot_bytes;
     const std::size_t there = rail_plan_.notify + node_ * slot_bytes;
     std::byte* mine = inter_.local(there);  // what hop 2 copies for this rank
-    write_record(mine, in, opt, lay, cause, epoch);
+    write_record(mine, hdr, per_rank, reach, per_expert);
     const std::size_t bytes = record_bytes();
     if constexpr (!inter_mapped) std::memcpy(inter_.local(rail_plan_.send_notify), mine, bytes);
     for (int m = 0; m < nodes_; ++m) {
@@ -397,29 +451,15 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
         intra_.wait(node_slot(node_signal::notify, i), epoch, dl, "dispatch", i, "notify records");
   }
 
-  template <class Token>
-  void write_record(std::byte* at, const dispatch_input<Token>& in, const dispatch_options& opt,
-                    const layout& lay, const std::string& cause, std::uint64_t epoch) const {
-    wire::notify_header hdr{};
-    hdr.magic = wire::magic;
-    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
-    hdr.epoch = epoch;
-    hdr.num_tokens = in.num_tokens;
-    hdr.hidden = in.hidden;
-    hdr.topk = in.topk;
-    hdr.num_experts = cap_.num_experts;
-    hdr.token_id = token_traits<Token>::id;
-    hdr.recv_bound = opt.worst_case_recv_tokens;
-    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+  void write_record(std::byte* at, const wire::notify_header& hdr, std::span<const int> per_rank,
+                    const std::vector<node_tokens>& reach, std::span<const int> per_expert) const {
     std::memcpy(at, &hdr, sizeof hdr);
     auto* counts = reinterpret_cast<std::int32_t*>(at + sizeof hdr);
     std::fill_n(counts, world_ + nodes_ + cap_.num_experts, 0);
-    if (!cause.empty()) return;
-    std::copy(lay.tokens_per_rank.begin(), lay.tokens_per_rank.end(), counts);
-    for (int t = 0; t < in.num_tokens; ++t)
-      for (int m = 0; m < nodes_; ++m)
-        if (reaches(lay, t, m)) ++counts[world_ + m];
-    std::copy(lay.tokens_per_expert.begin(), lay.tokens_per_expert.end(), counts + world_ + nodes_);
+    if (hdr.state != wire::status::ok) return;
+    std::copy(per_rank.begin(), per_rank.end(), counts);
+    for (int m = 0; m < nodes_; ++m) counts[world_ + m] = static_cast<int>(reach[m].tokens.size());
+    std::copy(per_expert.begin(), per_expert.end(), counts + world_ + nodes_);
   }
 
   std::vector<record> read_notify() {
@@ -436,25 +476,62 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     return all;
   }
 
+  // The data round of a dispatch: rows relayed across nodes, then every rank
+  // stores its own rows and those relayed to it into its node's ranks.
+  // in.topk 0 is a dispatch from a cached handle (rows and masks only).
+  template <class Token>
+  void move_rows(const dispatch_input<Token>& in, const std::vector<node_tokens>& reach,
+                 const std::vector<record>& records, const dispatch_handle& h, std::uint64_t epoch,
+                 const deadline& dl) {
+    guarded([&] {
+      inject(fault::point::mid_dispatch, "dispatch");
+      relay_rows(in, reach, dl);
+      store_rows<Token>(rank_, static_cast<int>(reach[node_].tokens.size()),
+                        own_rows(in, reach[node_]), in.topk, h);
+      for (int m = 0; m < nodes_; ++m)
+        if (m != node_)
+          inter_.wait(rail_slot(rail_signal::data, m), epoch, dl, "dispatch", m,
+                      "relayed token rows");
+      for (int m = 0; m < nodes_; ++m) {
+        if (m == node_) continue;
+        const int source = m * per_node_ + local_;
+        store_rows<Token>(source, records[source].tokens_per_node[node_], relayed_rows(m, in),
+                          in.topk, h);
+      }
+      for (int i = 0; i < per_node_; ++i)
+        if (i != local_) intra_.signal(i, node_slot(node_signal::data, local_), dl);
+      for (int i = 0; i < per_node_; ++i)
+        if (i != local_)
+          intra_.wait(node_slot(node_signal::data, i), epoch, dl, "dispatch", i, "token rows");
+    });
+  }
+
+  // Bytes per relayed row of the ids field: top-k ids, or at topk 0 (a cached
+  // dispatch) the row's reach mask (wire::hier::plan_rail sizes it for both).
+  std::size_t relayed_ids_bytes(std::size_t topk) const {
+    return (topk != 0 ? topk : wire::hier::mask_words(per_node_)) * sizeof(std::uint64_t);
+  }
+
   // Every token of this rank that reaches another node goes once to that
   // node's rank of this rail, into the block of this rank's node: the
-  // token, scales, global ids, weights and source index (the forwarder
-  // rewrites ids per final rank). Each destination gets one transfer per
-  // array, the last carrying the data signal, or the signal alone.
+  // token, scales, global ids, weights (or, at topk 0, the mask of the
+  // node's ranks it reaches) and source index (the forwarder rewrites ids
+  // per final rank). Each destination gets one transfer per array, the last
+  // carrying the data signal, or the signal alone.
   template <class Token>
-  void relay_rows(const dispatch_input<Token>& in, const layout& lay, const deadline& dl) {
+  void relay_rows(const dispatch_input<Token>& in, const std::vector<node_tokens>& reach,
+                  const deadline& dl) {
     inter_.quiet(dl);
     const std::size_t hidden = in.hidden;
     const std::size_t k = in.topk;
+    const std::size_t words = wire::hier::mask_words(per_node_);
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
     const std::size_t block = static_cast<std::size_t>(node_) * cap_.max_tokens_per_rank;
     const std::size_t signal = rail_slot(rail_signal::data, node_);
     std::size_t first = 0;  // staged rows of earlier destinations
     for (int m = 0; m < nodes_; ++m) {
       if (m == node_) continue;
-      std::vector<int> tokens;
-      for (int t = 0; t < in.num_tokens; ++t)
-        if (reaches(lay, t, m)) tokens.push_back(t);
+      const std::vector<int>& tokens = reach[m].tokens;
       if (tokens.empty()) {
         inter_.signal(m, signal, dl);
         continue;
@@ -465,7 +542,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
       const array arrays[] = {
           {rail_plan_.relay_x, rail_plan_.send_relay_x, hidden * sizeof(Token)},
           {rail_plan_.relay_scales, rail_plan_.send_relay_scales, nscales * sizeof(float)},
-          {rail_plan_.relay_topk_idx, rail_plan_.send_relay_topk_idx, k * sizeof(std::int64_t)},
+          {rail_plan_.relay_topk_idx, rail_plan_.send_relay_topk_idx, relayed_ids_bytes(k)},
           {rail_plan_.relay_weights, rail_plan_.send_relay_weights, k * sizeof(float)},
           {rail_plan_.relay_src_idx, rail_plan_.send_relay_src_idx, sizeof(std::int32_t)}};
       auto at = [&](const array& a) {
@@ -473,7 +550,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
       };
       auto* x = reinterpret_cast<Token*>(at(arrays[0]));
       auto* scales = reinterpret_cast<float*>(at(arrays[1]));
-      auto* idx = reinterpret_cast<std::int64_t*>(at(arrays[2]));
+      auto* ids = reinterpret_cast<std::uint64_t*>(at(arrays[2]));
       auto* weights = reinterpret_cast<float*>(at(arrays[3]));
       auto* src = reinterpret_cast<std::int32_t*>(at(arrays[4]));
       for (std::size_t r = 0; r < tokens.size(); ++r) {
@@ -482,8 +559,12 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
         if (nscales != 0)
           std::memcpy(scales + r * nscales, in.x_scales.data() + t * nscales,
                       nscales * sizeof(float));
-        std::memcpy(idx + r * k, in.topk_idx.data() + t * k, k * sizeof(std::int64_t));
-        std::memcpy(weights + r * k, in.topk_weights.data() + t * k, k * sizeof(float));
+        if (k != 0) {
+          std::memcpy(ids + r * k, in.topk_idx.data() + t * k, k * sizeof(std::int64_t));
+          std::memcpy(weights + r * k, in.topk_weights.data() + t * k, k * sizeof(float));
+        } else {
+          std::copy_n(reach[m].masks.begin() + r * words, words, ids + r * words);
+        }
         src[r] = static_cast<std::int32_t>(t);
       }
       const std::size_t n = tokens.size();
@@ -499,17 +580,18 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     }
   }
 
-  // This rank's own tokens as rows to store (those that reach no rank of
-  // this node are skipped by store_rows).
+  // This rank's own tokens that reach its node, as rows to store.
   template <class Token>
-  auto own_rows(const dispatch_input<Token>& in) const {
+  auto own_rows(const dispatch_input<Token>& in, const node_tokens& here) const {
     const std::size_t hidden = in.hidden, k = in.topk;
+    const std::size_t words = wire::hier::mask_words(per_node_);
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
-    return [&in, hidden, k, nscales](int t) {
-      const std::size_t i = t;
+    return [&in, &here, hidden, k, words, nscales](int r) {
+      const std::size_t i = here.tokens[r];
       return row_ref<Token>{
-          in.x.data() + i * hidden, nscales != 0 ? in.x_scales.data() + i * nscales : nullptr,
-          in.topk_idx.data() + i * k, in.topk_weights.data() + i * k, static_cast<std::int32_t>(t)};
+          in.x.data() + i * hidden,     nscales != 0 ? in.x_scales.data() + i * nscales : nullptr,
+          in.topk_idx.data() + i * k,   in.topk_weights.data() + i * k,
+          static_cast<std::int32_t>(i), here.masks.data() + r * words};
     };
   }
 
@@ -517,30 +599,35 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   template <class Token>
   auto relayed_rows(int m, const dispatch_input<Token>& in) {
     const std::size_t hidden = in.hidden, k = in.topk;
+    const std::size_t ids_row = relayed_ids_bytes(k) / sizeof(std::uint64_t);
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
     const std::size_t block = static_cast<std::size_t>(m) * cap_.max_tokens_per_rank;
     const auto* x = reinterpret_cast<const Token*>(inter_.local(rail_plan_.relay_x));
     const auto* scales = reinterpret_cast<const float*>(inter_.local(rail_plan_.relay_scales));
-    const auto* idx =
-        reinterpret_cast<const std::int64_t*>(inter_.local(rail_plan_.relay_topk_idx));
+    const auto* ids = inter_.local(rail_plan_.relay_topk_idx);
     const auto* weights = reinterpret_cast<const float*>(inter_.local(rail_plan_.relay_weights));
     const auto* src = reinterpret_cast<const std::int32_t*>(inter_.local(rail_plan_.relay_src_idx));
     return [=](int r) {
       const std::size_t row = block + r;
-      return row_ref<Token>{x + row * hidden, nscales != 0 ? scales + row * nscales : nullptr,
-                            idx + row * k, weights + row * k, src[row]};
+      const std::byte* row_ids = ids + row * ids_row * sizeof(std::uint64_t);
+      return row_ref<Token>{x + row * hidden,
+                            nscales != 0 ? scales + row * nscales : nullptr,
+                            reinterpret_cast<const std::int64_t*>(row_ids),
+                            weights + row * k,
+                            src[row],
+                            k != 0 ? nullptr : reinterpret_cast<const std::uint64_t*>(row_ids)};
     };
   }
 
-  // Stores `count` rows of world rank `source` (in its token order) into the
-  // receive arrays of every rank of this node each reaches, at the flat
-  // buffer's offsets: after the rows of lower sources, in token order. The
-  // counts every rank announced say how many rows each rank gets; rows that
-  // disagree with them are a protocol error, never a write out of bounds.
+  // Stores `count` rows of world rank `source` (in its token order), each
+  // with `k` top-k ids, into the receive arrays of every rank of this node
+  // each reaches, at the flat buffer's offsets: after the rows of lower
+  // sources, in token order. The counts of the handle say how many rows
+  // each rank gets; rows that disagree with them are a protocol error, never
+  // a write out of bounds.
   template <class Token, class Rows>
-  void store_rows(int source, int count, Rows&& row, const dispatch_handle& h) {
+  void store_rows(int source, int count, Rows&& row, std::size_t k, const dispatch_handle& h) {
     const std::size_t hidden = h.hidden;
-    const std::size_t k = h.topk;
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
     const int per_rank = cap_.num_experts / world_;
     struct target {
@@ -564,14 +651,17 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
                h.recv_offset(source, d),
                h.sent(source, d)};
     }
+    auto reaches = [&](const row_ref<Token>& in, int i) {
+      if (in.mask != nullptr) return ((in.mask[i / 64] >> (i % 64)) & 1) != 0;
+      for (std::size_t j = 0; j < k; ++j)
+        if (destination_rank(in.topk_idx[j], per_rank) == node_ * per_node_ + i) return true;
+      return false;
+    };
     for (int r = 0; r < count; ++r) {
       const row_ref<Token> in = row(r);
       for (int i = 0; i < per_node_; ++i) {
         const int d = node_ * per_node_ + i;
-        bool reached = false;
-        for (std::size_t j = 0; j < k && !reached; ++j)
-          reached = destination_rank(in.topk_idx[j], per_rank) == d;
-        if (!reached) continue;
+        if (!reaches(in, i)) continue;
         target& o = to[i];
         if (o.next == o.rows)
           throw error(rank_, "dispatch", source,
@@ -588,8 +678,8 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
         o.src[at] = in.src;
       }
     }
-    const std::size_t row_bytes = wire::hier::token_row_bytes(h.hidden, h.topk, sizeof(Token),
-                                                              token_traits<Token>::has_scales);
+    const std::size_t row_bytes = wire::hier::token_row_bytes(
+        h.hidden, static_cast<int>(k), sizeof(Token), token_traits<Token>::has_scales);
     for (int i = 0; i < per_node_; ++i) {
       if (to[i].next != to[i].rows)
         throw error(rank_, "dispatch", source,
@@ -636,25 +726,10 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
 
   // From the handle: for every node, this rank's tokens that reached it and
   // which of its ranks each reached.
-  std::vector<node_tokens> tokens_by_node(const dispatch_handle& h) const {
-    const int words = wire::hier::mask_words(per_node_);
-    std::vector<node_tokens> out(nodes_);
-    std::vector<std::uint64_t> mask(words);
-    for (int t = 0; t < h.num_tokens; ++t) {
-      for (int m = 0; m < nodes_; ++m) {
-        std::fill(mask.begin(), mask.end(), 0);
-        bool any = false;
-        for (int i = 0; i < per_node_; ++i) {
-          if (h.send_pos[static_cast<std::size_t>(t) * world_ + m * per_node_ + i] < 0) continue;
-          mask[i / 64] |= std::uint64_t{1} << (i % 64);
-          any = true;
-        }
-        if (!any) continue;
-        out[m].tokens.push_back(t);
-        out[m].masks.insert(out[m].masks.end(), mask.begin(), mask.end());
-      }
-    }
-    return out;
+  std::vector<node_tokens> reach_of(const dispatch_handle& h) const {
+    return reach_by_node(h.num_tokens, [&](int t, int d) {
+      return h.send_pos[static_cast<std::size_t>(t) * world_ + d] >= 0;
+    });
   }
 
   // Hop 1 puts this rank's status, with the masks of its tokens that reached

@@ -108,7 +108,10 @@ struct rail_plan {
   // block, the source's tokens that reach this node, in token order.
   std::size_t relay_x;
   std::size_t relay_scales;
-  std::size_t relay_topk_idx;  // global expert ids
+  // Global expert ids, [max_topk] per row; in a dispatch from a cached
+  // handle, which relays no ids, the row's mask of the node's ranks it
+  // reaches ([mask_words] uint64) in their place.
+  std::size_t relay_topk_idx;
   std::size_t relay_weights;
   std::size_t relay_src_idx;
   // Partial sums, [N][max_tokens_per_rank] fp32 rows, block = the node that
@@ -166,17 +169,18 @@ EPCOMM_HD constexpr rail_plan plan_rail(const capacity& c, int nodes, int ranks_
   const std::size_t h = static_cast<std::size_t>(c.max_hidden);
   const std::size_t k = static_cast<std::size_t>(c.max_topk);
   const std::size_t scales = c.has_scales ? h / 128 : 0;
+  const std::size_t words = static_cast<std::size_t>(mask_words(ranks_per_node));
+  const std::size_t ids = k > words ? k : words;  // 8-byte ids or mask words per relayed row
   carver regions;
   p.notify_slot_bytes = align_up(notify_record_bytes(c, nodes), 64);
   p.notify = regions.take(p.notify_slot_bytes * nodes);
   p.status_masks = align_up(sizeof(combine_header), 64);
-  p.status_slot_bytes =
-      align_up(p.status_masks + (1 + t * mask_words(ranks_per_node)) * sizeof(std::uint64_t), 64);
+  p.status_slot_bytes = align_up(p.status_masks + (1 + t * words) * sizeof(std::uint64_t), 64);
   p.status = regions.take(p.status_slot_bytes * nodes);
   const std::size_t shared_at = regions.at();
   p.relay_x = regions.take(blocks * h * c.token_bytes);
   p.relay_scales = regions.take(blocks * scales * sizeof(float));
-  p.relay_topk_idx = regions.take(blocks * k * sizeof(std::int64_t));
+  p.relay_topk_idx = regions.take(blocks * ids * sizeof(std::int64_t));
   p.relay_weights = regions.take(blocks * k * sizeof(float));
   p.relay_src_idx = regions.take(blocks * sizeof(std::int32_t));
   std::size_t end = regions.at();
@@ -192,7 +196,7 @@ EPCOMM_HD constexpr rail_plan plan_rail(const capacity& c, int nodes, int ranks_
     const std::size_t rows_at = regions.at();
     p.send_relay_x = regions.take(relay * h * c.token_bytes);
     p.send_relay_scales = regions.take(relay * scales * sizeof(float));
-    p.send_relay_topk_idx = regions.take(relay * k * sizeof(std::int64_t));
+    p.send_relay_topk_idx = regions.take(relay * ids * sizeof(std::int64_t));
     p.send_relay_weights = regions.take(relay * k * sizeof(float));
     p.send_relay_src_idx = regions.take(relay * sizeof(std::int32_t));
     end = regions.at();

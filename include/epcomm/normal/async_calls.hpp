@@ -38,6 +38,18 @@ class async_calls {
     return dispatch_async<first_token>(in, opt);
   }
 
+  // A dispatch from a cached handle (the engine's dispatch(cached_dispatch_input, h)).
+  template <one_of<Tokens...> Token>
+  completion<dispatch_result<Token>> dispatch_async(const cached_dispatch_input<Token>& in,
+                                                    const dispatch_handle& h) {
+    Engine& e = engine();
+    return e.calls_.submit([&e, in, h] { return e.template dispatch<Token>(in, h); });
+  }
+  completion<dispatch_result<first_token>> dispatch_async(
+      const cached_dispatch_input<first_token>& in, const dispatch_handle& h) {
+    return dispatch_async<first_token>(in, h);
+  }
+
   template <one_of<combine_type_t<Tokens>...> Out>
   completion<void> combine_async(const combine_input<Out>& in, const dispatch_handle& h,
                                  std::type_identity_t<std::span<Out>> out_x,

@@ -70,6 +70,7 @@
 #include "epcomm/normal/call_overloads.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
 #include "epcomm/normal/input_checks.hpp"
+#include "epcomm/normal/notify_header.hpp"
 #include "epcomm/normal/route.hpp"
 #include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
@@ -173,8 +174,8 @@ requires(sizeof...(Tokens) >= 1) &&
     std::vector<bool> members(world_);
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      wire::notify_header hdr =
-          notify_header_of<Token>(cause, epoch, in.num_tokens, in.hidden, in.topk);
+      wire::notify_header hdr = notify_header_of<Token>(cause, epoch, in.num_tokens, in.hidden,
+                                                        in.topk, cap_.num_experts);
       hdr.recv_bound = opt.worst_case_recv_tokens;
       post_notify(hdr, &lay, epoch, dl);
       for (int s = 0; s < world_; ++s)
@@ -222,8 +223,8 @@ requires(sizeof...(Tokens) >= 1) &&
     std::vector<bool> members(world_);
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      wire::notify_header hdr =
-          notify_header_of<Token>(cause, epoch, ok ? h.num_tokens : 0, ok ? h.hidden : 0, 0);
+      wire::notify_header hdr = notify_header_of<Token>(cause, epoch, ok ? h.num_tokens : 0,
+                                                        ok ? h.hidden : 0, 0, cap_.num_experts);
       hdr.routing = ok ? routing_fingerprint(h.count_matrix.data(), world_) : 0;
       post_notify(hdr, nullptr, epoch, dl);
       for (int s = 0; s < world_; ++s)
@@ -255,10 +256,6 @@ requires(sizeof...(Tokens) >= 1) &&
     fill_result(res, rows, {}, peers, rows_came);
     res.num_recv_tokens_per_expert.clear();
     return res;
-  }
-  dispatch_result<first_token> dispatch(const cached_dispatch_input<first_token>& in,
-                                        const dispatch_handle& h) {
-    return dispatch<first_token>(in, h);
   }
 
   // Where the expert outputs for `h` can be written ([num_recv_tokens][hidden],
@@ -423,22 +420,6 @@ requires(sizeof...(Tokens) >= 1) &&
       normal_push::rows(route(dl), plan_, world_, rank_, nullptr, {}, false);
     else
       normal_push::combine_rows(route(dl), plan_, world_, rank_, nullptr, {}, false, false);
-  }
-
-  template <class Token>
-  wire::notify_header notify_header_of(const std::string& cause, std::uint64_t epoch,
-                                       int num_tokens, int hidden, int topk) const {
-    wire::notify_header hdr{};
-    hdr.magic = wire::magic;
-    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
-    hdr.epoch = epoch;
-    hdr.num_tokens = num_tokens;
-    hdr.hidden = hidden;
-    hdr.topk = topk;
-    hdr.num_experts = cap_.num_experts;
-    hdr.token_id = token_traits<Token>::id;
-    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
-    return hdr;
   }
 
   // The notify round: `hdr`, then this rank's counts from `lay` (zeros for a

@@ -27,6 +27,11 @@ class call_overloads {
     return engine().template dispatch<first_token>(in, opt);
   }
 
+  dispatch_result<first_token> dispatch(const cached_dispatch_input<first_token>& in,
+                                        const dispatch_handle& h) {
+    return engine().template dispatch<first_token>(in, h);
+  }
+
   void combine(const combine_input<first_combine>& in, const dispatch_handle& h,
                std::span<first_combine> out_x, std::span<float> out_weights = {}) {
     engine().template combine<first_combine>(in, h, out_x, out_weights);
