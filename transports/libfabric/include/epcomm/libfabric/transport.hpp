@@ -173,8 +173,10 @@ class transport : public proxy::rma_transport_base {
     std::unique_lock lock(mu_, std::defer_lock);
     if (!lock_by(lock, dl)) {
       abandoned_.fetch_add(1, std::memory_order_relaxed);
-      for (const std::string& a : shm_addresses_) shm_regions::remove_own(a);
-      shm_regions::remove_orphans();
+      if (over_shm()) {
+        for (const std::string& a : shm_addresses_) shm_regions::remove_own(a);
+        shm_regions::remove_orphans();
+      }
       return;
     }
     drain([&] { return !busy(); }, dl, [&] { progress_locked(); });
@@ -345,7 +347,7 @@ class transport : public proxy::rma_transport_base {
     std::lock_guard lock(lane_mu_);
     std::atomic_ref<std::uint64_t>(abort_words()[rank_]).store(word, std::memory_order_release);
     for (int p = 0; p < world_; ++p)
-      if (p != rank_ && !proxy::exited(processes_[p], self_))
+      if (p != rank_ && !peer_exited(p))
         suppress_latched([&] { post_abort(p); });
     // Hands the writes to providers that send only when progressed.
     suppress_latched([&] { progress_lane(); });
@@ -669,9 +671,9 @@ class transport : public proxy::rma_transport_base {
                " does not offer (offered: " + offered + ")");
     }
     info_ = fi_dupinfo(chosen);
-    shm_ = over_shm();
     fi_freeinfo(list);
     if (info_ == nullptr) fail("libfabric setup", no_peer, "fi_dupinfo failed");
+    shm_ = std::string_view(info_->fabric_attr->prov_name) == "shm";
     name_ = std::string("libfabric/") + info_->fabric_attr->prov_name;
     domain_name_ = info_->domain_attr->name;
     max_write_ = info_->ep_attr->max_msg_size;
@@ -824,9 +826,7 @@ class transport : public proxy::rma_transport_base {
   }
 
   // The shm provider, whose endpoints keep a file each in /dev/shm.
-  bool over_shm() const {
-    return info_ != nullptr && std::string_view(info_->fabric_attr->prov_name) == "shm";
-  }
+  bool over_shm() const { return shm_; }
 
   void close() {
     // A peer that died without closing left its file (shm_regions.hpp).
@@ -976,7 +976,7 @@ class transport : public proxy::rma_transport_base {
     auto& backlog = peers_[op->peer].backlog;
     // Over the shm provider a write to a peer that exited may never return
     // (retry_backlog); it waits in the backlog, which drops it.
-    if (backlog.empty() && !(shm_ && peer_exited(op->peer)) && try_post(op)) return;
+    if (backlog.empty() && !(over_shm() && peer_exited(op->peer)) && try_post(op)) return;
     backlog.push_back(op);
   }
 
@@ -1134,7 +1134,7 @@ class transport : public proxy::rma_transport_base {
   std::size_t max_write_ = 0;
 
   fi_info* info_ = nullptr;
-  bool shm_ = false;  // over_shm(), asked once
+  bool shm_ = false;  // the provider is shm (over_shm())
   std::string domain_name_;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
