@@ -66,7 +66,11 @@ inline constexpr const char* waited_for_text(waited_for w) {
 // Notify-header fields that every rank must agree on.
 // The notify header's come first, in the order judge_notify_round compares them.
 enum class header_field : std::int32_t {
-  hidden = 0,
+  // 1 for a dispatch from a cached handle (routing != 0), 0 for an ordinary
+  // one: compared first, so that ranks making different kinds of call are
+  // told so rather than that their topk differs.
+  dispatch_kind = 0,
+  hidden,
   topk,
   token_id,
   num_experts,
@@ -76,6 +80,8 @@ enum class header_field : std::int32_t {
 
 inline constexpr const char* header_field_text(header_field f) {
   switch (f) {
+    case header_field::dispatch_kind:
+      return "";  // the values say it (to_error)
     case header_field::hidden:
       return "hidden";
     case header_field::topk:
@@ -140,13 +146,17 @@ inline error to_error(const report& r, int rank, const std::string& op) {
     case failure::disagreement: {
       // Types travel as their wire ids; the error names them.
       const bool is_type = r.field == header_field::token_id || r.field == header_field::out_id;
+      const bool is_kind = r.field == header_field::dispatch_kind;
       const auto value = [&](std::int64_t v) {
+        if (is_kind)
+          return std::string(v != 0 ? "a dispatch from a cached handle"
+                                    : "a dispatch with top-k routing");
         return is_type ? std::string(token_type_name(v)) : n(v);
       };
+      const std::string field = is_kind ? "" : std::string(header_field_text(r.field)) + " ";
       return error(rank, op, r.peer,
-                   std::string(header_field_text(r.field)) + " " + value(r.seen) +
-                       " on that rank disagrees with " + value(r.expected) + " on rank " +
-                       n(r.reference));
+                   field + value(r.seen) + " on that rank disagrees with " + value(r.expected) +
+                       " on rank " + n(r.reference));
     }
     case failure::over_capacity:
       return error(rank, op, r.peer,

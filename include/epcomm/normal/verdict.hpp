@@ -78,10 +78,12 @@ EPCOMM_HD void judge_notify_round(const Slots& slots, int world, int rank, std::
   for (int s = first + 1; s < world; ++s) {
     if (!slots.takes_part(s)) continue;
     const wire::notify_header& h = slots.header(s);
-    const std::int32_t there[] = {h.hidden, h.topk, h.token_id, h.num_experts, h.routing};
-    const std::int32_t on_first[] = {ref.hidden, ref.topk, ref.token_id, ref.num_experts,
-                                     ref.routing};
-    for (int f = 0; f < 5; ++f) {
+    // In header_field's order.
+    const std::int32_t there[] = {h.routing != 0, h.hidden,      h.topk,
+                                  h.token_id,     h.num_experts, h.routing};
+    const std::int32_t on_first[] = {ref.routing != 0, ref.hidden,      ref.topk,
+                                     ref.token_id,     ref.num_experts, ref.routing};
+    for (int f = 0; f < 6; ++f) {
       if (there[f] != on_first[f]) {
         r.code = failure::disagreement;
         r.peer = s;

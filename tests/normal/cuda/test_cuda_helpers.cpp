@@ -180,6 +180,23 @@ TEST_CASE("judge_notify rejects like the host engine, in its order") {
     CHECK(message(n.judge(0, 1, 10)) ==
           "epcomm: rank 0: dispatch (peer 1): token type fp8_e4m3 on that rank disagrees with "
           "bf16 on rank 0");
+    n.header(1).token_id = token_traits<bf16>::id;
+    // A cached dispatch among ordinary ones is named as such, before its topk
+    // (0) is compared; two cached dispatches compare their routing.
+    n.header(2).routing = 77;
+    n.header(2).topk = 0;
+    CHECK(message(n.judge(0, 1, 10)) ==
+          "epcomm: rank 0: dispatch (peer 2): a dispatch from a cached handle on that rank "
+          "disagrees with a dispatch with top-k routing on rank 0");
+    for (int r = 0; r < 3; ++r) {
+      n.header(r).routing = 77;
+      n.header(r).topk = 0;
+    }
+    CHECK(n.judge(0, 1, 10).code == failure::none);
+    n.header(1).routing = 78;
+    CHECK(message(n.judge(0, 1, 10)) ==
+          "epcomm: rank 0: dispatch (peer 1): the cached handle's routing (count-matrix "
+          "fingerprint) 78 on that rank disagrees with 77 on rank 0");
   }
   SUBCASE("more rows than a receiver holds, or than its bound") {
     notify_region n(2, 1, 1);
