@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -420,6 +421,118 @@ std::string check_live_handles(int rank, device_engine<Token, Link>& dev, host_e
   return {};
 }
 
+// DeepEP's dispatch(handle=) on both engines: fresh rows along the routing of
+// a dispatch kept across another one, then a combine of that handle; rows,
+// source indices, the notify slots (headers with the routing fingerprint)
+// and the combine must equal the host engine's byte for byte. Then the last
+// rank passes the later dispatch's handle: every rank fails with the host
+// engine's message, and the handle still serves a cached dispatch.
+template <class Token, class Link>
+std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
+                                  host_engine<Token>& host, cudaStream_t stream) {
+  using Out = combine_type_t<Token>;
+  const int world = dev.world_size();
+  const int experts = dev.capacity().num_experts;
+  const test::shape kept{world, 44, 256, 4, experts, test::routing::random, 80};
+  const test::shape between{world, 30, 256, 4, experts, test::routing::uneven, 81};
+  const test::shape fresh{world, 44, 256, 4, experts, test::routing::random, 82};  // its x only
+  const auto mine = test::make_input<Token>(kept, rank);
+  const auto hres = host.dispatch(
+      {kept.tokens, kept.hidden, kept.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights});
+  const dispatch_handle host_handle = hres.handle;
+  const device_input<Token> din(mine, 0);
+  const cuda::device_dispatch_handle handle = dev.dispatch(din.view(kept), {}, stream).handle;
+  const auto other = test::make_input<Token>(between, rank);
+  const dispatch_handle host_later =
+      host.dispatch({between.tokens, between.hidden, between.topk, other.x, other.scales,
+                     other.topk_idx, other.topk_weights})
+          .handle;
+  const device_input<Token> dother(other, 0);
+  const cuda::device_dispatch_handle later = dev.dispatch(dother.view(between), {}, stream).handle;
+
+  const auto rows = test::make_input<Token>(fresh, rank);
+  const device_input<Token> drows(rows, 0);
+  const auto cached_input = [&] {
+    return cuda::device_cached_dispatch_input<Token>{
+        drows.x.data(), drows.scales.size() ? drows.scales.data() : nullptr};
+  };
+  const auto hc = host.dispatch(cached_dispatch_input<Token>{rows.x, rows.scales}, host_handle);
+  const auto dc = dev.dispatch(cached_input(), handle, stream);
+  const std::size_t n = hc.num_recv_tokens, h = kept.hidden;
+  const std::size_t ns = token_traits<Token>::has_scales ? h / 128 : 0;
+  // The host result's views last until its next dispatch.
+  const std::vector<Token> expect_x(hc.recv_x.begin(), hc.recv_x.begin() + n * h);
+  if (dc.num_recv_tokens != hc.num_recv_tokens || dc.rows != hc.num_recv_tokens ||
+      dc.recv_topk_idx != nullptr || dc.num_recv_tokens_per_expert != nullptr)
+    return "cached dispatch: counts or extras differ from the host engine's";
+  if (!same_bytes<Token>(device_array<Token>::read(dc.recv_x, n * h), hc.recv_x.first(n * h)) ||
+      !same_bytes<float>(device_array<float>::read(dc.recv_x_scales, n * ns),
+                         hc.recv_x_scales.first(n * ns)) ||
+      !same_bytes<std::int32_t>(device_array<std::int32_t>::read(dc.recv_src_idx, n),
+                                hc.recv_src_idx.first(n)))
+    return "cached dispatch: received rows differ from the host engine's";
+  // The notify slots as both engines wrote them, but for the call counter:
+  // the device engine ran more dispatches (graph replays, pinned slots).
+  const wire::region_plan& plan = dev.plan();
+  const std::size_t notify_bytes = plan.notify_slot_bytes * world;
+  auto dev_notify =
+      device_array<std::byte>::read(dev.local_device_buffer() + plan.notify, notify_bytes);
+  std::vector<std::byte> host_notify(notify_bytes);
+  std::memcpy(host_notify.data(), host.transport().local_buffer().data() + plan.notify,
+              notify_bytes);
+  for (int s = 0; s < world; ++s)
+    for (auto* slot : {dev_notify.data(), host_notify.data()})
+      std::memset(slot + s * plan.notify_slot_bytes + offsetof(wire::notify_header, epoch), 0,
+                  sizeof(std::uint64_t));
+  if (dev_notify != host_notify)
+    return "cached dispatch: notify slots differ from the host engine's (wire format)";
+
+  std::vector<Out> y(n * h);
+  for (std::size_t i = 0; i < y.size(); ++i)
+    y[i] = from_float<Out>(test::uniform(test::hash(83, rank, i, 0)));
+  const auto hout = host.combine({y, std::nullopt, {}, {}}, host_handle);
+  const device_array<Out> dy{std::span<const Out>(y)};
+  device_array<Out> out(static_cast<std::size_t>(kept.tokens) * h);
+  dev.combine({dy.data(), static_cast<long long>(n), nullptr, nullptr, nullptr}, handle, out.data(),
+              nullptr, stream);
+  if (!same_bytes<Out>(out.download(), hout.x))
+    return "combine after a cached dispatch differs from the host engine's";
+
+  if (world == 1) return {};  // nobody to disagree with
+  const int culprit = world - 1;
+  const bool odd = rank == culprit;  // passes the later dispatch's handle, with rows for it
+  std::string host_message, device_message;
+  int device_peer = -2;
+  try {
+    host.dispatch(odd ? cached_dispatch_input<Token>{other.x, other.scales}
+                      : cached_dispatch_input<Token>{rows.x, rows.scales},
+                  odd ? host_later : host_handle);
+  } catch (const error& e) {
+    host_message = e.what();
+  }
+  try {
+    dev.dispatch(
+        odd ? cuda::device_cached_dispatch_input<Token>{dother.x.data(), dother.scales.size()
+                                                                             ? dother.scales.data()
+                                                                             : nullptr}
+            : cached_input(),
+        odd ? later : handle, stream);
+  } catch (const error& e) {
+    device_message = e.what();
+    device_peer = e.peer();
+  }
+  if (host_message.find("the cached handle's routing") == std::string::npos)
+    return "the host engine's error along two routings: '" + host_message + "'";
+  if (device_message != host_message || device_peer != culprit)
+    return "device error '" + device_message + "' differs from the host engine's '" + host_message +
+           "'";
+  const auto again = dev.dispatch(cached_input(), handle, stream);
+  if (again.num_recv_tokens != static_cast<int>(n) ||
+      !same_bytes<Token>(device_array<Token>::read(again.recv_x, n * h), expect_x))
+    return "the handle after a rejected cached dispatch";
+  return {};
+}
+
 // Correctness of one token type on `world` ranks: every scenario, then bad input.
 template <class Token, class Link = nvlink_ipc::transport>
 int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
@@ -460,6 +573,10 @@ int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
       e = check_live_handles(rank, dev, host, stream, cfg.max_live_handles);
       if (!e.empty())
         std::fprintf(stderr, "rank %d FAIL [%s live handles]: %s\n", rank, dtype, e.c_str());
+      failures += !e.empty();
+      e = check_cached_dispatch(rank, dev, host, stream);
+      if (!e.empty())
+        std::fprintf(stderr, "rank %d FAIL [%s cached dispatch]: %s\n", rank, dtype, e.c_str());
       failures += !e.empty();
     }
   }

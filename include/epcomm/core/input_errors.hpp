@@ -90,6 +90,12 @@ EPCOMM_HD inline void describe_foreign_handle(char* out, int capacity, long long
                             << handle_world;
 }
 
+// Normal mode: a handle whose fields no dispatch of this buffer could have
+// returned (a handle is plain data a caller can alter).
+EPCOMM_HD inline void describe_malformed_handle(char* out, int capacity) {
+  cause_text(out, capacity) << "handle is malformed (not one this buffer's dispatch returned)";
+}
+
 // An argument holding `held` values where the call's shape needs
 // `expected`: "x holds 10 elements, expected T*H = 12".
 EPCOMM_HD inline void describe_wrong_size(char* out, int capacity, const char* what, long long held,

@@ -119,7 +119,7 @@ inline std::string check_handle(const dispatch_handle& h, int rank, int world, i
       h.topk < 1 || h.topk > max_topk || h.count_matrix.size() != r * r ||
       h.send_pos.size() != static_cast<std::size_t>(h.num_tokens) * r ||
       h.num_recv_tokens != h.recv_offset(world, rank))
-    return "handle is malformed (not one this buffer's dispatch returned)";
+    return input_error_text(describe_malformed_handle);
   return {};
 }
 

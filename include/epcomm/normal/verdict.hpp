@@ -218,15 +218,19 @@ EPCOMM_HD inline const std::int32_t* notify_counts_at(const std::byte* region,
                                                sizeof(wire::notify_header));
 }
 
-// Slots spaced slot_bytes apart from `region`; every rank takes part.
+// Slots spaced slot_bytes apart from `region`; every rank takes part. The
+// counts follow each header, or, for a dispatch from a cached handle, whose
+// slots hold headers only, come from the handle's count matrix [R][R].
 struct region_slots {
   const std::byte* region;
   std::size_t slot_bytes;
+  const std::int32_t* matrix;  // null: the counts in the slots
+  int world;
   EPCOMM_HD const wire::notify_header& header(int s) const {
     return *notify_header_at(region, slot_bytes, s);
   }
   EPCOMM_HD long long count(int s, int r) const {
-    return notify_counts_at(region, slot_bytes, s)[r];
+    return matrix != nullptr ? matrix[s * world + r] : notify_counts_at(region, slot_bytes, s)[r];
   }
   EPCOMM_HD bool takes_part(int) const { return true; }
 };
@@ -240,10 +244,13 @@ struct combine_region_slots {
   EPCOMM_HD bool takes_part(int) const { return true; }
 };
 
-// Judges the R notify slots this rank received for dispatch call `epoch`.
+// Judges the R notify slots this rank received for dispatch call `epoch`;
+// `matrix`: the count matrix of a cached dispatch's handle (see region_slots).
 EPCOMM_HD inline void judge_notify(const std::byte* region, std::size_t slot_bytes, int world,
-                                   int rank, std::uint64_t epoch, int max_recv_tokens, report& r) {
-  judge_notify_round(region_slots{region, slot_bytes}, world, rank, epoch, max_recv_tokens, r);
+                                   int rank, std::uint64_t epoch, int max_recv_tokens, report& r,
+                                   const std::int32_t* matrix = nullptr) {
+  judge_notify_round(region_slots{region, slot_bytes, matrix, world}, world, rank, epoch,
+                     max_recv_tokens, r);
 }
 
 // counts[s * R + r] = tokens rank s sends to rank r, from the R notify slots;

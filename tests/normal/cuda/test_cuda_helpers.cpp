@@ -435,6 +435,28 @@ TEST_CASE("host-side checks of device calls word errors as the host engine does"
   CHECK(check_combine_shape(1, 2, c2) == "topk_weights given but the output weights are null");
   c2 = c, c2.y_rows = -1;
   CHECK(check_combine_shape(1, 2, c2) == "y_rows is negative");
+
+  // A cached dispatch: the handle's shape is the call's, and must be one a
+  // dispatch of this buffer could have returned.
+  const auto cached = [&](cached_dispatch_shape in) {
+    return check_cached_dispatch_shape(cap, 1, 2, in);
+  };
+  const cached_dispatch_shape d{1, 2, 8, 256, 4, true, true};
+  CHECK(cached(d).empty());
+  auto d2 = d;
+  d2.handle_rank = 0;
+  CHECK(cached(d2) == "handle belongs to rank 0 of a world of 2");
+  for (auto spoil : {+[](cached_dispatch_shape& x) { x.num_tokens = 9; },
+                     +[](cached_dispatch_shape& x) { x.hidden = 384; },
+                     +[](cached_dispatch_shape& x) { x.topk = 0; }}) {
+    d2 = d;
+    spoil(d2);
+    CHECK(cached(d2) == "handle is malformed (not one this buffer's dispatch returned)");
+  }
+  d2 = d, d2.has_x = false;
+  CHECK(cached(d2) == "x is null with 8 tokens");
+  d2 = d, d2.has_scales = false;
+  CHECK(cached(d2) == "x_scales is null for fp8 tokens");
 }
 
 TEST_CASE("agree_capacity yields the host engine's capacity and rejects mismatches") {

@@ -64,6 +64,14 @@ struct device_dispatch_input {
   const float* topk_weights = nullptr;     // [T][K]
 };
 
+// A dispatch along the routing of an earlier one (DeepEP's dispatch(handle=)):
+// the rows only, [handle.num_tokens][handle.hidden], in the handle's token order.
+template <token_type Token>
+struct device_cached_dispatch_input {
+  const Token* x = nullptr;         // [T][H]
+  const float* x_scales = nullptr;  // [T][H/128] for fp8, else null
+};
+
 // What combine needs from a dispatch. The routing stays on the device, in a
 // slot of the buffer's workspace that the handle pins: it stays valid across
 // later dispatches until every copy of it is destroyed
@@ -165,43 +173,17 @@ class device_buffer {
     if (cause.empty() && slot < 0)
       cause = "all " + std::to_string(slots_.size()) +
               " handle slots (max_live_handles) are pinned by live dispatch handles";
-    dispatch_args a{};
-    a.peers = link_.peers();
-    a.route = route();
-    a.plan = plan_;
+    dispatch_args a = dispatch_args_of(cause, in.x, in.x_scales, in.num_tokens, in.hidden);
     a.ws = routed(cause.empty() ? slot : -1);  // the kernels write its routing there
-    a.x = in.x;
-    a.x_scales = in.x_scales;
     a.topk_idx = in.topk_idx;
     a.topk_weights = in.topk_weights;
-    // A rejected call still runs the notify round (so every rank rejects it
-    // together) but with no tokens, so nothing reads past a bad shape.
-    a.num_tokens = cause.empty() ? in.num_tokens : 0;
-    a.hidden = in.hidden;
     a.topk = in.topk;
-    a.num_experts = cap_.num_experts;
-    a.max_recv_tokens = cap_.max_recv_tokens;
     a.recv_bound = opt.worst_case_recv_tokens;
     a.expert_alignment = cause.empty() ? opt.expert_alignment : 1;
-    a.token_id = token_traits<Token>::id;
-    a.max_blocks = calls_.block_budget(max_blocks_);
-    a.timeout_ns = calls_.timeout_ns();
-    calls_.copy_cause(a.host_cause, cause);
-
-    const std::size_t row_bytes = static_cast<std::size_t>(in.hidden) * sizeof(Token);
-    const bool aligned = (reinterpret_cast<std::uintptr_t>(in.x) % 16 == 0) && row_bytes % 16 == 0;
-    const normal_kernels k = kernels_for("dispatch", in.hidden, aligned);
-    calls_.launch("dispatch", k.dispatch(a, stream));
-
-    device_dispatch_result<Token> res;
+    auto res = launch_dispatch(a, stream);
     const std::byte* base = link_.local_buffer();
-    res.recv_x = reinterpret_cast<const Token*>(base + plan_.recv_x);
-    if constexpr (token_traits<Token>::has_scales)
-      res.recv_x_scales = reinterpret_cast<const float*>(base + plan_.recv_scales);
     res.recv_topk_idx = reinterpret_cast<const std::int64_t*>(base + plan_.recv_topk_idx);
     res.recv_topk_weights = reinterpret_cast<const float*>(base + plan_.recv_weights);
-    res.recv_src_idx = reinterpret_cast<const std::int32_t*>(base + plan_.recv_src_idx);
-    res.num_recv_tokens_device = a.ws.num_recv;
     res.num_recv_tokens_per_expert = ws_.recv_per_expert;
     res.handle = {world_, rank_, in.num_tokens, in.hidden, in.topk, nullptr};
     if (cause.empty()) {
@@ -223,6 +205,36 @@ class device_buffer {
     return res;
   }
 
+  // DeepEP's dispatch(handle=...) on the device: new rows along the routing
+  // of the dispatch that returned `h`, every rank passing its handle of that
+  // dispatch, as the host engine's cached dispatch (normal/buffer.hpp) does:
+  // no layout kernel and no count exchange (the notify round carries headers
+  // with the fingerprint of the handle's count matrix, which every rank must
+  // share), no top-k arrays. The result holds recv_x (recv_x_scales for fp8)
+  // and recv_src_idx in the handle's receive order, and `h` as its handle,
+  // whose routing the call only reads. Synchronises unless captured.
+  device_dispatch_result<Token> dispatch(const device_cached_dispatch_input<Token>& in,
+                                         const device_dispatch_handle& h,
+                                         cudaStream_t stream = nullptr) {
+    calls_.ensure_usable("dispatch");
+    const bool ours = owns(h);
+    std::string cause =
+        check_cached_dispatch_shape(cap_, rank_, world_,
+                                    {h.rank, h.world_size, h.num_tokens, h.hidden, h.topk,
+                                     in.x != nullptr, in.x_scales != nullptr});
+    if (cause.empty() && !ours) cause = not_ours;
+    dispatch_args a = dispatch_args_of(cause, in.x, in.x_scales, h.num_tokens, h.hidden);
+    a.ws = along(cause.empty() ? *h.slot : -1);
+    a.cached = 1;
+    auto res = launch_dispatch(a, stream);
+    res.handle = h;
+    if (!calls_.capturing(stream)) {
+      finish(stream, "dispatch");
+      res.num_recv_tokens = res.rows = calls_.report().num_recv_tokens;
+    }
+    return res;
+  }
+
   // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given).
   void combine(const device_combine_input<combine_t>& in, const device_dispatch_handle& h,
                combine_t* out_x, float* out_weights = nullptr, cudaStream_t stream = nullptr,
@@ -232,9 +244,8 @@ class device_buffer {
         rank_, world_,
         {h.rank, h.world_size, h.num_tokens, h.hidden, h.topk, in.y_rows, in.y != nullptr,
          in.topk_weights != nullptr, out_x != nullptr, out_weights != nullptr});
-    const bool ours = h.slot && *h.slot >= 0 && *h.slot < static_cast<int>(slots_.size()) &&
-                      slots_[*h.slot].lease.lock() == h.slot;
-    if (cause.empty() && !ours) cause = "handle is not from a dispatch of this buffer";
+    const bool ours = owns(h);
+    if (cause.empty() && !ours) cause = not_ours;
     combine_args a{};
     a.peers = link_.peers();
     a.route = route();
@@ -276,6 +287,54 @@ class device_buffer {
     normal_route r{};
     if constexpr (via_proxy) r = {1, link_.channel(0), link_.channel(1)};
     return r;
+  }
+
+  // What both dispatches pass the kernels alike; a rejected call (`cause`)
+  // still runs the notify round (so every rank rejects it together) but with
+  // no tokens, so nothing reads past a bad shape.
+  dispatch_args dispatch_args_of(const std::string& cause, const Token* x, const float* x_scales,
+                                 int num_tokens, int hidden) {
+    dispatch_args a{};
+    a.peers = link_.peers();
+    a.route = route();
+    a.plan = plan_;
+    a.x = x;
+    a.x_scales = x_scales;
+    a.num_tokens = cause.empty() ? num_tokens : 0;
+    a.hidden = hidden;
+    a.num_experts = cap_.num_experts;
+    a.max_recv_tokens = cap_.max_recv_tokens;
+    a.expert_alignment = 1;
+    a.token_id = token_traits<Token>::id;
+    a.max_blocks = calls_.block_budget(max_blocks_);
+    a.timeout_ns = calls_.timeout_ns();
+    calls_.copy_cause(a.host_cause, cause);
+    return a;
+  }
+
+  // Enqueues a dispatch's kernels; the result's views of the rows every
+  // dispatch delivers.
+  device_dispatch_result<Token> launch_dispatch(const dispatch_args& a, cudaStream_t stream) {
+    const std::size_t row_bytes = static_cast<std::size_t>(a.hidden) * sizeof(Token);
+    const bool aligned = (reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0) && row_bytes % 16 == 0;
+    const normal_kernels k = kernels_for("dispatch", a.hidden, aligned);
+    calls_.launch("dispatch", k.dispatch(a, stream));
+    device_dispatch_result<Token> res;
+    const std::byte* base = link_.local_buffer();
+    res.recv_x = reinterpret_cast<const Token*>(base + plan_.recv_x);
+    if constexpr (token_traits<Token>::has_scales)
+      res.recv_x_scales = reinterpret_cast<const float*>(base + plan_.recv_scales);
+    res.recv_src_idx = reinterpret_cast<const std::int32_t*>(base + plan_.recv_src_idx);
+    res.num_recv_tokens_device = a.ws.num_recv;
+    return res;
+  }
+
+  static constexpr const char* not_ours = "handle is not from a dispatch of this buffer";
+
+  // Whether `h` pins a slot of this buffer (the lease is the one it handed out).
+  bool owns(const device_dispatch_handle& h) const {
+    return h.slot && *h.slot >= 0 && *h.slot < static_cast<int>(slots_.size()) &&
+           slots_[*h.slot].lease.lock() == h.slot;
   }
 
   normal_kernels kernels_for(const char* op, int hidden, bool aligned) const {
@@ -324,6 +383,17 @@ class device_buffer {
     w.num_recv = r.flags + 2;
     w.count_matrix = r.count_matrix;
     w.send_pos = r.send_pos;
+    return w;
+  }
+
+  // The workspace as a cached dispatch along the handle in `slot` sees it:
+  // the slot's routing, read only, and the workspace's own flags and
+  // received count, so that a rejected call leaves the handle as it was.
+  workspace along(int slot) const {
+    workspace w = ws_;
+    if (slot < 0) return w;
+    w.count_matrix = slots_[slot].count_matrix;
+    w.send_pos = slots_[slot].send_pos;
     return w;
   }
 

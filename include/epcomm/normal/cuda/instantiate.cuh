@@ -45,10 +45,13 @@ template <class Token, int Ranks, int Hidden>
 int launch_dispatch(const dispatch_args& a, stream_t stream) {
   const int world = a.peers.world_size;
   const auto expert_bytes = static_cast<std::size_t>(a.num_experts / world) * sizeof(int);
-  // One block per destination rank, or each block several in turn.
-  EPCOMM_KERNEL_LAUNCH(std::min(world, a.max_blocks), device::layout_threads, expert_bytes, stream,
-                       device::layout_kernel<Ranks>)
-  (a);
+  // One block per destination rank, or each block several in turn. A cached
+  // dispatch has its layout already.
+  if (a.cached == 0) {
+    EPCOMM_KERNEL_LAUNCH(std::min(world, a.max_blocks), device::layout_threads, expert_bytes,
+                         stream, device::layout_kernel<Ranks>)
+    (a);
+  }
   EPCOMM_KERNEL_LAUNCH(1, device::notify_threads, 0, stream, device::notify_kernel<Ranks>)(a);
   // The budget's last block receives.
   const unsigned senders =

@@ -52,6 +52,11 @@ struct dispatch_args {
   int expert_alignment;  // >= 1: num_recv_tokens_per_expert rounded up to a multiple
   int token_id;
   int max_blocks;  // blocks any one kernel may launch (>= 2); see device_calls::block_budget
+  // 1: a dispatch from a cached handle, along the routing already in ws
+  // (count matrix, send_pos): no layout, a notify round of headers carrying
+  // the count matrix's fingerprint, no top-k arrays (topk 0); ws's count
+  // matrix and send_pos are read, never written.
+  int cached;
   std::uint64_t timeout_ns;
   // Non-empty when the host already rejected the input (shape, sizes): the
   // notify phase posts it so every rank fails together.

@@ -3,7 +3,10 @@
 //   dispatch notify  every rank posts its notify_header and counts into its
 //                    slot of every peer's notify region, signals
 //                    (notify, rank), waits for all R slots, and judges them
-//                    (judge_notify) exactly as normal/buffer.hpp does;
+//                    (judge_notify) exactly as normal/buffer.hpp does; a
+//                    dispatch from a cached handle posts the header alone,
+//                    with the fingerprint of the handle's count matrix, and
+//                    judges the counts of that matrix, which it leaves as is;
 //   combine ready    every rank posts its combine_header into every peer's
 //                    combine-status region, signals (combine_ready, rank),
 //                    waits for all R, and judges them (judge_combine).
@@ -69,6 +72,7 @@ __global__ void __launch_bounds__(notify_threads)
   const int per_rank = a.num_experts / world;
   const std::size_t slot_bytes = a.plan.notify_slot_bytes;
   const bool rma = a.route.via_proxy != 0;
+  const bool cached = a.cached != 0;
   if (!staging_free(a, rep)) return;
 
   if (threadIdx.x == 0) {
@@ -82,6 +86,7 @@ __global__ void __launch_bounds__(notify_threads)
     hdr.num_experts = a.num_experts;
     hdr.token_id = a.token_id;
     hdr.recv_bound = a.recv_bound;
+    hdr.routing = cached ? routing_fingerprint(a.ws.count_matrix, world) : 0;
     const std::uint64_t bad = *a.ws.first_invalid;
     if (a.host_cause[0] != '\0') {
       hdr.state = wire::status::invalid_input;
@@ -104,8 +109,8 @@ __global__ void __launch_bounds__(notify_threads)
                           : a.peers.buffer[p] + a.plan.notify + slot_bytes * rank;
     store_header(slot, hdr);
     auto* counts = reinterpret_cast<std::int32_t*>(slot + sizeof(wire::notify_header));
-    for (int r = 0; r < world; ++r) counts[r] = valid ? a.ws.tokens_per_rank[r] : 0;
-    for (int e = 0; e < per_rank; ++e)
+    for (int r = 0; r < world && !cached; ++r) counts[r] = valid ? a.ws.tokens_per_rank[r] : 0;
+    for (int e = 0; e < per_rank && !cached; ++e)
       counts[world + e] = valid ? a.ws.tokens_per_expert[p * per_rank + e] : 0;
     if (!rma)
       add_release(a.peers.signals[p] + wire::signal_slot(wire::signal_kind::notify, rank, world),
@@ -116,9 +121,9 @@ __global__ void __launch_bounds__(notify_threads)
     __syncthreads();
     if (threadIdx.x == 0)
       channel_ok(rep, abort_link_of(a),
-                 normal_push::notify(
-                     a.route.data.writer(), a.plan, world, rank,
-                     sizeof(wire::notify_header) + sizeof(std::int32_t) * (world + per_rank)));
+                 normal_push::notify(a.route.data.writer(), a.plan, world, rank,
+                                     sizeof(wire::notify_header) +
+                                         (cached ? 0 : sizeof(std::int32_t) * (world + per_rank))));
   }
 
   bool ok = true;
@@ -131,9 +136,13 @@ __global__ void __launch_bounds__(notify_threads)
   if (threadIdx.x == 0) {
     const std::byte* region = a.peers.buffer[rank] + a.plan.notify;
     report verdict{};
-    judge_notify(region, slot_bytes, world, rank, epoch, a.max_recv_tokens, verdict);
+    judge_notify(region, slot_bytes, world, rank, epoch, a.max_recv_tokens, verdict,
+                 cached ? a.ws.count_matrix : nullptr);
     const bool accepted = verdict.code == failure::none;
-    if (accepted) {
+    if (cached) {
+      // The handle's routing stays; the result has no per-expert counts.
+      if (!accepted) report_verdict(rep, verdict);
+    } else if (accepted) {
       gather_count_matrix(region, slot_bytes, world, a.ws.count_matrix);
       for (int e = 0; e < per_rank; ++e) {
         int n = 0;
