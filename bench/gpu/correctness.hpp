@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "epcomm/normal/cuda/device_buffer.hpp"
 #include "epcomm/nvlink_ipc/transport.hpp"
 #include "epcomm/shm/transport.hpp"
+#include "stream_gate.hpp"
 #include "support/reference.hpp"
 
 namespace epcomm::gpu_check {
@@ -533,6 +535,140 @@ std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
   return {};
 }
 
+// DeepEP's previous_event, async_finish and communication stream (call_stream).
+// Each call's input is copied behind a gate on the caller's stream, over x
+// (or y) zeroed beforehand, so a call that starts before what it follows
+// reads zeros. (a) A dispatch on the communication stream after an event
+// recorded after that copy and before a second gate, finishing
+// asynchronously: its event is not done while the first gate is shut, is
+// done while the second still is, and the rows are the host engine's.
+// (b) One on the communication stream after the caller's work so far, which
+// the caller's stream then waits for: its event is not done in the second
+// the gate stays shut, and a copy of the rows enqueued on the caller's stream
+// right after the call sees them. (c) A combine as (a).
+template <class Token, class Link>
+std::string check_call_stream(int rank, device_engine<Token, Link>& dev, host_engine<Token>& host,
+                              cudaStream_t stream) {
+  using Out = combine_type_t<Token>;
+  const int world = dev.world_size();
+  const int experts = dev.capacity().num_experts;
+  const auto limit = std::chrono::seconds(30);
+  const auto check = [rank](cudaError_t e, const char* what) {
+    cuda::check_cuda(e, rank, "gpu check", no_peer, what);
+  };
+  cudaEvent_t ready = nullptr;
+  check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+  const std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> ready_owner(ready,
+                                                                              cudaEventDestroy);
+  // Whether an asynchronous call's event gets done while later work on the
+  // caller's stream is held (it must not wait for that work).
+  const auto done_soon = [](const cuda::device_event& e) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!e.done())
+      if (std::chrono::steady_clock::now() > until) return false;
+    return true;
+  };
+  // x of `in` zeroed on the device, then its rows copied behind a gate.
+  const auto gated_copy = [&](const device_input<Token>& din, const test::rank_input<Token>& in) {
+    check(cudaMemset(din.x.data(), 0, in.x.size() * sizeof(Token)), "cudaMemset(x)");
+    check(cudaMemcpyAsync(din.x.data(), in.x.data(), in.x.size() * sizeof(Token),
+                          cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync(x)");
+  };
+
+  // (a)
+  const test::shape sa{world, 48, 512, 4, experts, test::routing::random, 90};
+  const int bound = world * sa.tokens;
+  const auto ma = test::make_input<Token>(sa, rank);
+  const auto ha = host.dispatch(
+      {sa.tokens, sa.hidden, sa.topk, ma.x, ma.scales, ma.topk_idx, ma.topk_weights}, {bound});
+  const std::size_t na = ha.num_recv_tokens;
+  const std::vector<Token> expect_a(ha.recv_x.begin(), ha.recv_x.begin() + na * sa.hidden);
+  const auto y = test::expert_rows(ha, sa.hidden, rank);
+  const std::vector<float> y_weights(ha.recv_topk_weights.begin(), ha.recv_topk_weights.end());
+  const auto hout = host.combine({y, y_weights, {}, {}}, ha.handle);
+  const device_input<Token> da(ma, 0);
+  cuda::device_dispatch_result<Token> ra;
+  {
+    stream_gate before(stream, rank, limit);
+    gated_copy(da, ma);
+    check(cudaEventRecord(ready, stream), "cudaEventRecord");
+    stream_gate after(stream, rank, limit);
+    ra = dev.dispatch(da.view(sa), {bound},
+                      cuda::call_stream(stream).after(ready).on_comm().async());
+    if (ra.event.empty() || ra.event.done())
+      return "(a) an asynchronous dispatch's event was done before the event it follows";
+    before.open();
+    if (!done_soon(ra.event))
+      return "(a) a dispatch after an event waited for work enqueued after that event";
+    after.open();
+  }
+  dev.synchronize(stream);
+  if (device_array<std::int32_t>::read(ra.num_recv_tokens_device, 1)[0] != ha.num_recv_tokens ||
+      !same_bytes<Token>(device_array<Token>::read(ra.recv_x, na * sa.hidden), expect_a))
+    return "(a) the rows of a dispatch after an event differ from the host engine's (did it "
+           "start before the event?)";
+
+  // (b)
+  const test::shape sb{world, 40, 512, 4, experts, test::routing::uneven, 91};
+  const auto mb = test::make_input<Token>(sb, rank);
+  const auto hb = host.dispatch(
+      {sb.tokens, sb.hidden, sb.topk, mb.x, mb.scales, mb.topk_idx, mb.topk_weights}, {bound});
+  const std::size_t nb = hb.num_recv_tokens;
+  const device_input<Token> db(mb, 0);
+  std::vector<Token> got_b(nb * sb.hidden);
+  {
+    stream_gate gate(stream, rank, limit);
+    gated_copy(db, mb);
+    const auto rb = dev.dispatch(db.view(sb), {bound}, cuda::call_stream(stream).on_comm());
+    check(cudaMemcpyAsync(got_b.data(), rb.recv_x, got_b.size() * sizeof(Token),
+                          cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync(rows)");
+    // Held long enough for a call that did not wait to finish reading zeros.
+    const auto held = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (std::chrono::steady_clock::now() < held)
+      if (rb.event.done())
+        return "(b) a dispatch on the communication stream finished before the caller's "
+               "earlier work";
+    gate.open();
+    dev.synchronize(stream);
+    if (gate.expired()) return "(b) the call waited for the caller's stream to finish";
+  }
+  if (!same_bytes<Token>(std::span<const Token>(got_b), hb.recv_x.first(nb * sb.hidden)))
+    return "(b) the caller's stream read the rows of a dispatch on the communication stream "
+           "before it finished, or the dispatch read x before the caller's stream wrote it";
+
+  // (c): y for (a)'s handle, behind the gate.
+  const device_array<Out> dy(y.size());
+  const device_array<float> dw{std::span<const float>(y_weights)};
+  device_array<Out> out(static_cast<std::size_t>(sa.tokens) * sa.hidden);
+  device_array<float> out_w(static_cast<std::size_t>(sa.tokens) * sa.topk);
+  {
+    stream_gate before(stream, rank, limit);
+    check(cudaMemset(dy.data(), 0, y.size() * sizeof(Out)), "cudaMemset(y)");
+    check(cudaMemcpyAsync(dy.data(), y.data(), y.size() * sizeof(Out), cudaMemcpyHostToDevice,
+                          stream),
+          "cudaMemcpyAsync(y)");
+    check(cudaEventRecord(ready, stream), "cudaEventRecord");
+    stream_gate after(stream, rank, limit);
+    const cuda::device_event done = dev.combine(
+        {dy.data(), static_cast<long long>(y.size() / sa.hidden), dw.data(), nullptr, nullptr},
+        ra.handle, out.data(), out_w.data(),
+        cuda::call_stream(stream).after(ready).on_comm().async(), false);
+    if (done.done()) return "(c) an asynchronous combine's event was done before its input";
+    before.open();
+    if (!done_soon(done))
+      return "(c) a combine after an event waited for work enqueued after that event";
+    after.open();
+  }
+  dev.synchronize(stream);
+  if (!same_bytes<Out>(out.download(), hout.x) ||
+      !same_bytes<float>(out_w.download(), hout.topk_weights))
+    return "(c) a combine after an event differs from the host engine's (did it start before "
+           "the event?)";
+  return {};
+}
+
 // Correctness of one token type on `world` ranks: every scenario, then bad input.
 template <class Token, class Link = nvlink_ipc::transport>
 int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
@@ -577,6 +713,10 @@ int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
       e = check_cached_dispatch(rank, dev, host, stream);
       if (!e.empty())
         std::fprintf(stderr, "rank %d FAIL [%s cached dispatch]: %s\n", rank, dtype, e.c_str());
+      failures += !e.empty();
+      e = check_call_stream(rank, dev, host, stream);
+      if (!e.empty())
+        std::fprintf(stderr, "rank %d FAIL [%s call stream]: %s\n", rank, dtype, e.c_str());
       failures += !e.empty();
     }
   }

@@ -2,9 +2,11 @@
 // low_latency/cuda/device_buffer.hpp) do around their kernels, written once:
 // the one device workspace their kernels keep state in, with the kernels'
 // Report at its end and a pinned host copy of it; launches that break the
-// buffer when they fail (peers are then left mid-protocol); and the end of a
-// call: a wait for the stream bounded on the host, the report read, and the
-// host engine's error for what it says.
+// buffer when they fail (peers are then left mid-protocol); the stream a
+// call runs on (call_stream: the caller's, or the buffer's communication
+// stream) and the event it returns; and the end of a call: a wait for the
+// stream bounded on the host, the report read, and the host engine's error
+// for what it says.
 //
 // Report is a mode's device report (normal/report.hpp, low_latency/report.hpp):
 // trivially copyable, with a failure `code` whose zero is "none" and a
@@ -26,6 +28,8 @@
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/wire_basics.hpp"
+#include "epcomm/cuda/call_stream.hpp"
+#include "epcomm/cuda/device_event.hpp"
 
 namespace epcomm::cuda {
 
@@ -57,6 +61,8 @@ class device_calls {
       std::forward<Init>(init)(start);
       check(cudaDeviceSynchronize(), op, "cudaDeviceSynchronize");
       void* pinned = nullptr;
+      check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), op,
+            "cudaEventCreateWithFlags");
       check(cudaMallocHost(&pinned, sizeof(Report) + host_extra), op, "cudaMallocHost(report)");
       host_report_ = static_cast<Report*>(pinned);
       std::memset(pinned, 0, sizeof(Report) + host_extra);
@@ -104,10 +110,39 @@ class device_calls {
            status != cudaStreamCaptureStatusNone;
   }
 
+  // The stream a call runs on, ordered after what `c` says it follows: its
+  // previous event, else the work already on the caller's stream.
+  cudaStream_t enter(const call_stream& c, const char* op) {
+    const cudaStream_t exec = c.on_comm_stream ? comm_stream(op) : c.stream;
+    if (c.previous != nullptr) {
+      check(cudaStreamWaitEvent(exec, c.previous, 0), op, "cudaStreamWaitEvent(previous)");
+    } else if (exec != c.stream) {
+      check(cudaEventRecord(fork_, c.stream), op, "cudaEventRecord(caller's stream)");
+      check(cudaStreamWaitEvent(exec, fork_, 0), op, "cudaStreamWaitEvent(caller's stream)");
+    }
+    return exec;
+  }
+
+  // After a call's work on `exec`: its event, which the caller's stream
+  // waits for unless the call finishes asynchronously.
+  device_event leave(const call_stream& c, cudaStream_t exec, const char* op) {
+    device_event e = device_event::record(exec, rank_, op, host_limit());
+    if (exec != c.stream && !c.async_finish) e.wait(c.stream);
+    return e;
+  }
+
+  // `stream`'s later work follows what the communication stream holds, so
+  // that a wait for `stream` covers the calls that ran there too.
+  void join_comm(cudaStream_t stream, const char* op) {
+    if (comm_ == nullptr) return;
+    check(cudaEventRecord(fork_, comm_), op, "cudaEventRecord(communication stream)");
+    check(cudaStreamWaitEvent(stream, fork_, 0), op, "cudaStreamWaitEvent(communication stream)");
+  }
+
   // Waits for the stream with a host deadline: the kernels bound each wait
   // by the timeout, and a call makes at most three waits in sequence.
   void wait_stream(cudaStream_t stream, const char* op) {
-    const auto limit = 4 * timeout_ + std::chrono::seconds(1);
+    const auto limit = host_limit();
     cudaError_t status = cudaSuccess;
     const bool done = ::epcomm::detail::spin_wait(
         [&] {
@@ -159,7 +194,25 @@ class device_calls {
   }
 
  private:
+  std::chrono::milliseconds host_limit() const { return 4 * timeout_ + std::chrono::seconds(1); }
+
+  // The buffer's communication stream (non-blocking, as DeepEP's), made on
+  // first use.
+  cudaStream_t comm_stream(const char* op) {
+    if (comm_ == nullptr) {
+      cudaStream_t s = nullptr;
+      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), op,
+            "cudaStreamCreateWithFlags(communication stream)");
+      comm_ = s;
+    }
+    return comm_;
+  }
+
   void release() noexcept {
+    if (comm_ != nullptr) cudaStreamDestroy(comm_);
+    if (fork_ != nullptr) cudaEventDestroy(fork_);
+    comm_ = nullptr;
+    fork_ = nullptr;
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (host_report_ != nullptr) cudaFreeHost(host_report_);
     workspace_ = nullptr;
@@ -173,6 +226,8 @@ class device_calls {
   void* workspace_ = nullptr;
   Report* device_report_ = nullptr;
   Report* host_report_ = nullptr;  // pinned
+  cudaStream_t comm_ = nullptr;
+  cudaEvent_t fork_ = nullptr;  // orders the communication stream and the caller's
   call_guard guard_;
 };
 

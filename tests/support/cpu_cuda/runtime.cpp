@@ -8,13 +8,17 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/cpu_cuda/device_api.hpp"
@@ -45,9 +49,92 @@ struct CUgraphExec_st {
   std::vector<std::function<void()>> ops;
 };
 
+// A created stream runs its operations in order on a thread of its own, so
+// that streams overlap with each other and with the host as on a GPU, and an
+// order between them exists only where an event makes one.
 struct CUstream_st {
+  explicit CUstream_st(bool blocking);
+  ~CUstream_st();
+  void push(std::function<void()> op);
+  // Until the first `position` operations have run.
+  void wait_until(std::uint64_t position);
+  bool reached(std::uint64_t position);
+  std::uint64_t position();  // operations enqueued so far
+
+  bool blocking;  // ordered after the legacy default stream's work (and it after ours)
   CUgraph_st* capture = nullptr;  // while captured: where its work goes
+
+ private:
+  void run();
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> queue_;
+  std::uint64_t enqueued_ = 0;
+  std::uint64_t done_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;
 };
+
+// Where and when an event was last recorded: complete once `stream` has run
+// `position` operations; never recorded (or on the default stream, which
+// runs in place): complete.
+struct CUevent_st {
+  CUstream_st* stream = nullptr;
+  std::uint64_t position = 0;
+  CUgraph_st* capture = nullptr;       // recorded into this capture,
+  cudaStream_t captured_in = nullptr;  // from this stream
+};
+
+CUstream_st::CUstream_st(bool b) : blocking(b), worker_([this] { run(); }) {}
+
+CUstream_st::~CUstream_st() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  worker_.join();
+}
+
+void CUstream_st::push(std::function<void()> op) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(op));
+    ++enqueued_;
+  }
+  changed_.notify_all();
+}
+
+void CUstream_st::wait_until(std::uint64_t position) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return done_ >= position; });
+}
+
+bool CUstream_st::reached(std::uint64_t position) {
+  std::lock_guard lock(mutex_);
+  return done_ >= position;
+}
+
+std::uint64_t CUstream_st::position() {
+  std::lock_guard lock(mutex_);
+  return enqueued_;
+}
+
+// Drains the queue before it stops: destroying a stream lets its work finish.
+void CUstream_st::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    std::function<void()> op = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    op();
+    lock.lock();
+    ++done_;
+    changed_.notify_all();
+  }
+}
 
 namespace epcomm::test::cpu_cuda {
 namespace {
@@ -57,10 +144,31 @@ std::atomic<cudaError_t> sticky{cudaSuccess};
 thread_local cudaError_t last_launch = cudaSuccess;
 std::atomic<std::uint64_t> launches{0};
 
-// The legacy default stream (null): it can be captured like any other here.
-CUstream_st default_stream;
+// The legacy default stream (null) runs each operation in place, once the
+// blocking streams' earlier work has run; it can be captured like any other.
+struct default_stream_state {
+  CUgraph_st* capture = nullptr;
+};
+default_stream_state default_stream;
 
-CUstream_st& stream_of(cudaStream_t s) { return s == nullptr ? default_stream : *s; }
+std::mutex streams_mutex;
+std::set<CUstream_st*> streams;  // created and not destroyed
+
+CUgraph_st*& capture_of(cudaStream_t s) {
+  return s == nullptr ? default_stream.capture : s->capture;
+}
+
+// Waits for what every created stream (only the blocking ones: `all` false)
+// has enqueued so far.
+void drain(bool all) {
+  std::vector<std::pair<CUstream_st*, std::uint64_t>> marks;
+  {
+    std::lock_guard lock(streams_mutex);
+    for (CUstream_st* s : streams)
+      if (all || s->blocking) marks.emplace_back(s, s->position());
+  }
+  for (auto [s, position] : marks) s->wait_until(position);
+}
 
 cudaError_t status() { return sticky.load(); }
 
@@ -103,11 +211,14 @@ const device_settings& settings() {
 }
 
 void enqueue(cudaStream_t stream, std::function<void()> op) {
-  CUstream_st& s = stream_of(stream);
-  if (s.capture != nullptr)
-    s.capture->ops.push_back(std::move(op));
-  else
+  if (CUgraph_st* graph = capture_of(stream)) {
+    graph->ops.push_back(std::move(op));
+  } else if (stream != nullptr) {
+    stream->push(std::move(op));
+  } else {
+    drain(false);
     op();
+  }
 }
 
 void set_launch_error(cudaError_t e) { last_launch = e; }
@@ -163,6 +274,10 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorIllegalState";
     case cudaErrorMapBufferObjectFailed:
       return "cudaErrorMapBufferObjectFailed";
+    case cudaErrorStreamCaptureIsolation:
+      return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureUnjoined:
+      return "cudaErrorStreamCaptureUnjoined";
     default:
       return "cudaErrorUnknown";
   }
@@ -210,7 +325,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   }
 }
 
-cudaError_t cudaDeviceSynchronize() { return cc::status(); }
+cudaError_t cudaDeviceSynchronize() {
+  cc::drain(true);
+  return cc::status();
+}
 
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute attr, int value) {
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
@@ -309,7 +427,9 @@ cudaError_t cudaFreeHost(void* pointer) {
   return cc::status();
 }
 
+// The synchronous copies run on the legacy default stream.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  cc::drain(false);
   if (cc::status() != cudaSuccess) return cc::status();
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
@@ -324,6 +444,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  cc::drain(false);
   if (cc::status() != cudaSuccess) return cc::status();
   std::memset(dst, value, bytes);
   return cudaSuccess;
@@ -336,40 +457,137 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
   return cc::status();
 }
 
-// ---- streams and graphs ----
+// ---- streams, events and graphs ----
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
-  *stream = new CUstream_st;
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  *stream = new CUstream_st((flags & cudaStreamNonBlocking) == 0);
+  std::lock_guard lock(cc::streams_mutex);
+  cc::streams.insert(*stream);
   return cc::status();
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr) return cudaErrorInvalidValue;
+  {
+    std::lock_guard lock(cc::streams_mutex);
+    cc::streams.erase(stream);
+  }
   delete stream;
   return cc::status();
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cc::status(); }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cc::status(); }
-
-cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
-  CUstream_st& s = cc::stream_of(stream);
-  if (s.capture != nullptr) return cudaErrorIllegalState;
-  s.capture = new CUgraph_st;
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream == nullptr)
+    cc::drain(false);
+  else
+    stream->wait_until(stream->position());
   return cc::status();
 }
 
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (stream != nullptr && !stream->reached(stream->position())) return cudaErrorNotReady;
+  return cc::status();
+}
+
+// The host function runs in the stream's order, on its thread (as CUDA runs
+// it on a thread of its own): it may block, which holds the stream.
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
+  cc::enqueue(stream, [=] { fn(data); });
+  return cc::status();
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  *event = new CUevent_st;
+  return cc::status();
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return cudaErrorInvalidValue;
+  *event = {};
+  if (CUgraph_st* graph = cc::capture_of(stream)) {
+    event->capture = graph;
+    event->captured_in = stream;
+  } else if (stream != nullptr) {
+    event->stream = stream;
+    event->position = stream->position();
+  } else {
+    cc::drain(false);  // the default stream's work so far: the blocking streams'
+  }
+  return cc::status();
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (event->stream != nullptr) event->stream->wait_until(event->position);
+  return cc::status();
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (event->stream != nullptr && !event->stream->reached(event->position))
+    return cudaErrorNotReady;
+  return cc::status();
+}
+
+// A wait on an event recorded into a capture joins the waiting stream to it
+// (CUDA's fork); the origin waiting on a joined stream's event rejoins it.
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  CUgraph_st*& capture = cc::capture_of(stream);
+  if (event->capture != nullptr) {
+    if (capture == nullptr) {
+      capture = event->capture;
+    } else if (capture != event->capture) {
+      return cudaErrorStreamCaptureIsolation;
+    } else if (event->captured_in != stream) {
+      cc::capture_of(event->captured_in) = nullptr;
+    }
+    return cc::status();
+  }
+  if (capture != nullptr) return cudaErrorStreamCaptureIsolation;  // an event outside the capture
+  CUstream_st* source = event->stream;
+  const std::uint64_t position = event->position;
+  if (source != nullptr) cc::enqueue(stream, [=] { source->wait_until(position); });
+  return cc::status();
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  CUgraph_st*& capture = cc::capture_of(stream);
+  if (capture != nullptr) return cudaErrorIllegalState;
+  capture = new CUgraph_st;
+  return cc::status();
+}
+
+// Every stream the capture forked into must have rejoined it.
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
-  CUstream_st& s = cc::stream_of(stream);
-  if (s.capture == nullptr) return cudaErrorIllegalState;
-  *graph = s.capture;
-  s.capture = nullptr;
+  CUgraph_st*& capture = cc::capture_of(stream);
+  if (capture == nullptr) return cudaErrorIllegalState;
+  bool unjoined = false;
+  {
+    std::lock_guard lock(cc::streams_mutex);
+    for (CUstream_st* s : cc::streams)
+      if (s != stream && s->capture == capture) {
+        s->capture = nullptr;
+        unjoined = true;
+      }
+  }
+  *graph = capture;
+  capture = nullptr;
+  if (unjoined) {
+    delete *graph;
+    *graph = nullptr;
+    return cudaErrorStreamCaptureUnjoined;
+  }
   return cc::status();
 }
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
-  *status = cc::stream_of(stream).capture != nullptr ? cudaStreamCaptureStatusActive
-                                                     : cudaStreamCaptureStatusNone;
+  *status = cc::capture_of(stream) != nullptr ? cudaStreamCaptureStatusActive
+                                              : cudaStreamCaptureStatusNone;
   return cc::status();
 }
 

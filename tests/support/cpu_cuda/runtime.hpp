@@ -8,10 +8,14 @@
 //
 // Device memory is host memory: cudaMalloc maps a memfd, which
 // cudaIpcOpenMemHandle maps again in another process, as CUDA IPC maps a
-// peer GPU's allocation. Streams are in-order queues that run each operation
-// when it is enqueued (so streams never overlap, one of the orders CUDA
-// allows), except while captured into a graph, which records them for
-// cudaGraphLaunch to replay. A kernel that faults (device_fault) is reported
+// peer GPU's allocation. A created stream runs its operations in order on a
+// thread of its own, so streams overlap each other and the host as on a GPU
+// and only events order them (cudaEventRecord, cudaStreamWaitEvent); the
+// legacy default stream (null) runs each operation in place after the
+// blocking streams' earlier work, as do cudaMemcpy and cudaMemset. While
+// captured into a graph a stream records its operations for cudaGraphLaunch
+// to replay, and a stream that waits on an event recorded into the capture
+// joins it (CUDA's fork and join). A kernel that faults (device_fault) is reported
 // on stderr and makes the process's CUDA context sticky-broken, as a device
 // exception would: every later call returns cudaErrorLaunchFailure.
 #pragma once

@@ -8,11 +8,13 @@
 // differs: kernels on a stream instead of the calling thread.
 //
 // Inputs and outputs are device pointers. Each call enqueues its kernels on
-// the given stream. A dispatch synchronises (to report the received row count
-// and any error) unless the caller passes a worst-case receive bound, and a
-// combine unless asked not to; a call that does not synchronise, or any call
-// while the stream is being captured into a CUDA graph, reports its errors at
-// the next synchronize(stream). Kernels never hang: every wait has a deadline
+// the given stream, or on the buffer's communication stream after a given
+// event (call_stream.hpp), and returns an event recorded after them. A
+// dispatch synchronises (to report the received row count and any error)
+// unless the caller passes a worst-case receive bound, and a combine unless
+// asked not to; a call that does not synchronise, or any call while the
+// stream is being captured into a CUDA graph, reports its errors at the next
+// synchronize(stream). Kernels never hang: every wait has a deadline
 // and a late peer becomes an epcomm::error naming it.
 //
 // Host code (g++) can use this header: the kernels are reached through the
@@ -39,7 +41,9 @@
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/cuda/call_stream.hpp"
 #include "epcomm/cuda/device_calls.hpp"
+#include "epcomm/cuda/device_event.hpp"
 #include "epcomm/cuda/device_link.hpp"
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/normal/arguments.hpp"
@@ -103,6 +107,7 @@ struct device_dispatch_result {
   const std::int32_t* num_recv_tokens_per_expert = nullptr;  // device [E/R]
   std::vector<int> num_recv_tokens_per_expert_host;          // [E/R] when synchronised
   device_dispatch_handle handle;
+  device_event event;  // recorded after the call's work (call_stream)
 };
 
 template <class Out>
@@ -163,7 +168,7 @@ class device_buffer {
 
   device_dispatch_result<Token> dispatch(const device_dispatch_input<Token>& in,
                                          const dispatch_options& opt = {},
-                                         cudaStream_t stream = nullptr) {
+                                         const call_stream& on = {}) {
     calls_.ensure_usable("dispatch");
     const int slot = free_slot();
     std::string cause = check_dispatch_shape(
@@ -180,7 +185,9 @@ class device_buffer {
     a.topk = in.topk;
     a.recv_bound = opt.worst_case_recv_tokens;
     a.expert_alignment = cause.empty() ? opt.expert_alignment : 1;
+    const cudaStream_t stream = calls_.enter(on, "dispatch");
     auto res = launch_dispatch(a, stream);
+    res.event = calls_.leave(on, stream, "dispatch");
     const std::byte* base = link_.local_buffer();
     res.recv_topk_idx = reinterpret_cast<const std::int64_t*>(base + plan_.recv_topk_idx);
     res.recv_topk_weights = reinterpret_cast<const float*>(base + plan_.recv_weights);
@@ -215,7 +222,7 @@ class device_buffer {
   // whose routing the call only reads. Synchronises unless captured.
   device_dispatch_result<Token> dispatch(const device_cached_dispatch_input<Token>& in,
                                          const device_dispatch_handle& h,
-                                         cudaStream_t stream = nullptr) {
+                                         const call_stream& on = {}) {
     calls_.ensure_usable("dispatch");
     const bool ours = owns(h);
     std::string cause =
@@ -226,7 +233,9 @@ class device_buffer {
     dispatch_args a = dispatch_args_of(cause, in.x, in.x_scales, h.num_tokens, h.hidden);
     a.ws = along(cause.empty() ? *h.slot : -1);
     a.cached = 1;
+    const cudaStream_t stream = calls_.enter(on, "dispatch");
     auto res = launch_dispatch(a, stream);
+    res.event = calls_.leave(on, stream, "dispatch");
     res.handle = h;
     if (!calls_.capturing(stream)) {
       finish(stream, "dispatch");
@@ -236,9 +245,10 @@ class device_buffer {
   }
 
   // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given).
-  void combine(const device_combine_input<combine_t>& in, const device_dispatch_handle& h,
-               combine_t* out_x, float* out_weights = nullptr, cudaStream_t stream = nullptr,
-               bool synchronize_now = true) {
+  // Returns the event recorded after its work.
+  device_event combine(const device_combine_input<combine_t>& in, const device_dispatch_handle& h,
+                       combine_t* out_x, float* out_weights = nullptr, const call_stream& on = {},
+                       bool synchronize_now = true) {
     calls_.ensure_usable("combine");
     std::string cause = check_combine_shape(
         rank_, world_,
@@ -271,14 +281,18 @@ class device_buffer {
                                 reinterpret_cast<std::uintptr_t>(in.bias_1) |
                                 reinterpret_cast<std::uintptr_t>(out_x) | row_bytes;
     const normal_kernels k = kernels_for("combine", h.hidden, bits % 16 == 0);
+    const cudaStream_t stream = calls_.enter(on, "combine");
     calls_.launch("combine", k.combine(a, stream));
+    device_event done = calls_.leave(on, stream, "combine");
     if ((synchronize_now || !cause.empty()) && !calls_.capturing(stream)) finish(stream, "combine");
+    return done;
   }
 
-  // Waits for everything this buffer enqueued on `stream` and throws the first
-  // failure any of it recorded.
+  // Waits for everything this buffer enqueued on `stream`, and on its
+  // communication stream, and throws the first failure any of it recorded.
   void synchronize(cudaStream_t stream = nullptr) {
     calls_.ensure_usable("synchronize");
+    calls_.join_comm(stream, "synchronize");
     finish(stream, "synchronize");
   }
 
