@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -552,29 +551,6 @@ std::string check_call_stream(int rank, device_engine<Token, Link>& dev, host_en
   using Out = combine_type_t<Token>;
   const int world = dev.world_size();
   const int experts = dev.capacity().num_experts;
-  const auto limit = std::chrono::seconds(30);
-  const auto check = [rank](cudaError_t e, const char* what) {
-    cuda::check_cuda(e, rank, "gpu check", no_peer, what);
-  };
-  cudaEvent_t ready = nullptr;
-  check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-  const std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> ready_owner(ready,
-                                                                              cudaEventDestroy);
-  // Whether an asynchronous call's event gets done while later work on the
-  // caller's stream is held (it must not wait for that work).
-  const auto done_soon = [](const cuda::device_event& e) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!e.done())
-      if (std::chrono::steady_clock::now() > until) return false;
-    return true;
-  };
-  // x of `in` zeroed on the device, then its rows copied behind a gate.
-  const auto gated_copy = [&](const device_input<Token>& din, const test::rank_input<Token>& in) {
-    check(cudaMemset(din.x.data(), 0, in.x.size() * sizeof(Token)), "cudaMemset(x)");
-    check(cudaMemcpyAsync(din.x.data(), in.x.data(), in.x.size() * sizeof(Token),
-                          cudaMemcpyHostToDevice, stream),
-          "cudaMemcpyAsync(x)");
-  };
 
   // (a)
   const test::shape sa{world, 48, 512, 4, experts, test::routing::random, 90};
@@ -589,20 +565,14 @@ std::string check_call_stream(int rank, device_engine<Token, Link>& dev, host_en
   const auto hout = host.combine({y, y_weights, {}, {}}, ha.handle);
   const device_input<Token> da(ma, 0);
   cuda::device_dispatch_result<Token> ra;
-  {
-    stream_gate before(stream, rank, limit);
-    gated_copy(da, ma);
-    check(cudaEventRecord(ready, stream), "cudaEventRecord");
-    stream_gate after(stream, rank, limit);
-    ra = dev.dispatch(da.view(sa), {bound},
-                      cuda::call_stream(stream).after(ready).on_comm().async());
-    if (ra.event.empty() || ra.event.done())
-      return "(a) an asynchronous dispatch's event was done before the event it follows";
-    before.open();
-    if (!done_soon(ra.event))
-      return "(a) a dispatch after an event waited for work enqueued after that event";
-    after.open();
-  }
+  if (auto err = check_after_event(
+          stream, rank, [&] { copy_over_zeros<Token>(stream, rank, da.x.data(), ma.x); },
+          [&](const cuda::call_stream& on) {
+            ra = dev.dispatch(da.view(sa), {bound}, on);
+            return ra.event;
+          });
+      !err.empty())
+    return "(a) a dispatch: " + err;
   dev.synchronize(stream);
   if (device_array<std::int32_t>::read(ra.num_recv_tokens_device, 1)[0] != ha.num_recv_tokens ||
       !same_bytes<Token>(device_array<Token>::read(ra.recv_x, na * sa.hidden), expect_a))
@@ -618,18 +588,16 @@ std::string check_call_stream(int rank, device_engine<Token, Link>& dev, host_en
   const device_input<Token> db(mb, 0);
   std::vector<Token> got_b(nb * sb.hidden);
   {
-    stream_gate gate(stream, rank, limit);
-    gated_copy(db, mb);
+    stream_gate gate(stream, rank, std::chrono::seconds(30));
+    copy_over_zeros<Token>(stream, rank, db.x.data(), mb.x);
     const auto rb = dev.dispatch(db.view(sb), {bound}, cuda::call_stream(stream).on_comm());
-    check(cudaMemcpyAsync(got_b.data(), rb.recv_x, got_b.size() * sizeof(Token),
-                          cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync(rows)");
+    cuda::check_cuda(cudaMemcpyAsync(got_b.data(), rb.recv_x, got_b.size() * sizeof(Token),
+                                     cudaMemcpyDeviceToHost, stream),
+                     rank, "gpu check", no_peer, "cudaMemcpyAsync(rows)");
     // Held long enough for a call that did not wait to finish reading zeros.
-    const auto held = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (std::chrono::steady_clock::now() < held)
-      if (rb.event.done())
-        return "(b) a dispatch on the communication stream finished before the caller's "
-               "earlier work";
+    if (done_within(rb.event, std::chrono::seconds(1)))
+      return "(b) a dispatch on the communication stream finished before the caller's earlier "
+             "work";
     gate.open();
     dev.synchronize(stream);
     if (gate.expired()) return "(b) the call waited for the caller's stream to finish";
@@ -638,29 +606,20 @@ std::string check_call_stream(int rank, device_engine<Token, Link>& dev, host_en
     return "(b) the caller's stream read the rows of a dispatch on the communication stream "
            "before it finished, or the dispatch read x before the caller's stream wrote it";
 
-  // (c): y for (a)'s handle, behind the gate.
+  // (c): y for (a)'s handle.
   const device_array<Out> dy(y.size());
   const device_array<float> dw{std::span<const float>(y_weights)};
   device_array<Out> out(static_cast<std::size_t>(sa.tokens) * sa.hidden);
   device_array<float> out_w(static_cast<std::size_t>(sa.tokens) * sa.topk);
-  {
-    stream_gate before(stream, rank, limit);
-    check(cudaMemset(dy.data(), 0, y.size() * sizeof(Out)), "cudaMemset(y)");
-    check(cudaMemcpyAsync(dy.data(), y.data(), y.size() * sizeof(Out), cudaMemcpyHostToDevice,
-                          stream),
-          "cudaMemcpyAsync(y)");
-    check(cudaEventRecord(ready, stream), "cudaEventRecord");
-    stream_gate after(stream, rank, limit);
-    const cuda::device_event done = dev.combine(
-        {dy.data(), static_cast<long long>(y.size() / sa.hidden), dw.data(), nullptr, nullptr},
-        ra.handle, out.data(), out_w.data(),
-        cuda::call_stream(stream).after(ready).on_comm().async(), false);
-    if (done.done()) return "(c) an asynchronous combine's event was done before its input";
-    before.open();
-    if (!done_soon(done))
-      return "(c) a combine after an event waited for work enqueued after that event";
-    after.open();
-  }
+  if (auto err = check_after_event(
+          stream, rank, [&] { copy_over_zeros<Out>(stream, rank, dy.data(), y); },
+          [&](const cuda::call_stream& on) {
+            return dev.combine({dy.data(), static_cast<long long>(y.size() / sa.hidden), dw.data(),
+                                nullptr, nullptr},
+                               ra.handle, out.data(), out_w.data(), on, false);
+          });
+      !err.empty())
+    return "(c) a combine: " + err;
   dev.synchronize(stream);
   if (!same_bytes<Out>(out.download(), hout.x) ||
       !same_bytes<float>(out_w.download(), hout.topk_weights))

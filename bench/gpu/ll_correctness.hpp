@@ -26,6 +26,7 @@
 #include "epcomm/low_latency/cuda/device_buffer.hpp"
 #include "epcomm/nvlink_ipc/transport.hpp"
 #include "epcomm/shm/transport.hpp"
+#include "stream_gate.hpp"
 #include "support/ll_reference.hpp"
 
 namespace epcomm::gpu_check {
@@ -275,7 +276,39 @@ std::string run_ll_call(ll_engines<Wire, Link>& e, const test::ll_call& call, bo
   f.dres = e.dev.dispatch(f.din.dispatch(), e.stream);
   if (auto err = after_dispatch(e, f); !err.empty()) return err;
   const auto hout = e.host.low_latency_combine(host_combine(f, e.rank), f.hres.handle);
-  const bf16* dout = e.dev.combine(device_combine(e, f), f.dres.handle, e.stream);
+  const bf16* dout = e.dev.combine(device_combine(e, f), f.dres.handle, e.stream).out;
+  return after_combine(e, f, hout, dout);
+}
+
+// call_stream on the low-latency device buffer: a dispatch, then a combine,
+// each on the communication stream after an event and asynchronous, over
+// input zeroed and copied behind a gate (check_after_event), then checked
+// as run_ll_call checks them.
+template <class Wire, class Link>
+std::string check_ll_call_stream(ll_engines<Wire, Link>& e, const test::ll_call& call) {
+  ll_flight<Wire> f(call, e.rank, false);
+  f.hres = e.host.low_latency_dispatch(host_input(f, e.rank));
+  if (auto err = check_after_event(
+          e.stream, e.rank,
+          [&] { copy_over_zeros<bf16>(e.stream, e.rank, f.din.x.data(), call.in[e.rank].x); },
+          [&](const cuda::call_stream& on) {
+            f.dres = e.dev.dispatch(f.din.dispatch(), on);
+            return f.dres.event;
+          });
+      !err.empty())
+    return "dispatch: " + err;
+  if (auto err = after_dispatch(e, f); !err.empty()) return err;
+  const auto hout = e.host.low_latency_combine(host_combine(f, e.rank), f.hres.handle);
+  const bf16* dout = nullptr;
+  if (auto err = check_after_event(
+          e.stream, e.rank, [&] { copy_over_zeros<bf16>(e.stream, e.rank, f.dy.data(), f.own_y); },
+          [&](const cuda::call_stream& on) {
+            auto r = e.dev.combine(device_combine(e, f), f.dres.handle, on);
+            dout = r.out;
+            return r.event;
+          });
+      !err.empty())
+    return "combine: " + err;
   return after_combine(e, f, hout, dout);
 }
 
@@ -462,7 +495,7 @@ std::string check_ll_graph_replay(ll_engines<Wire, Link>& e, std::uint64_t seed)
   check(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeThreadLocal),
         "cudaStreamBeginCapture");
   f.dres = e.dev.dispatch(f.din.dispatch(), e.stream);
-  const bf16* dout = e.dev.combine(device_combine(e, f), f.dres.handle, e.stream);
+  const bf16* dout = e.dev.combine(device_combine(e, f), f.dres.handle, e.stream).out;
   check(cudaStreamEndCapture(e.stream, &graph), "cudaStreamEndCapture");
   check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   std::string failure;
@@ -547,6 +580,7 @@ int check_ll_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
       fail_if(tag + " one token", run_ll_call(e, make(1, 8, routing::random, 8), true));
       fail_if(tag + " two in flight", run_ll_two_in_flight(e, make(-1, 8, routing::random, 9),
                                                            make(-1, 5, routing::uneven, 10)));
+      fail_if(tag + " call stream", check_ll_call_stream(e, make(max, 8, routing::random, 11)));
       fail_if(tag + " bad input", check_ll_bad_input(e, 20));
       // Both engines counted the same rows per local expert (rejected calls
       // count nothing). Before the graph, whose replays only the device runs.

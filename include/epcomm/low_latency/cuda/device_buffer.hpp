@@ -11,6 +11,9 @@
 // Every call is two kernels, send and receive, and both phases can be
 // launched apart (the *_send functions return a hook that launches the
 // receive phase), so that a framework overlaps compute with communication.
+// dispatch() and combine() run both phases on the stream a call_stream names
+// (the caller's, or the buffer's communication stream after an event) and
+// return an event recorded after them.
 // Nothing is allocated per call and no launch size depends on the routing;
 // call counters live on the device: the calls can be captured in a CUDA graph
 // and replayed. Inputs and outputs are device pointers; results are device
@@ -46,7 +49,9 @@
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/spin_wait.hpp"
 #include "epcomm/core/token_types.hpp"
+#include "epcomm/cuda/call_stream.hpp"
 #include "epcomm/cuda/device_calls.hpp"
+#include "epcomm/cuda/device_event.hpp"
 #include "epcomm/cuda/device_link.hpp"
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/low_latency/arguments.hpp"
@@ -92,6 +97,13 @@ struct ll_device_dispatch_result {
   const wire::ll::source* recv_src = nullptr;   // [E_local][R * max_tokens]
   const wire::ll::range* recv_range = nullptr;  // [E_local][R]
   ll_device_handle handle;
+  device_event event;  // recorded after the call's work (call_stream); empty from dispatch_send
+};
+
+// A combine's output and the event recorded after its work.
+struct ll_device_combine_result {
+  const bf16* out = nullptr;  // [T][H] on the device
+  device_event event;
 };
 
 struct ll_device_combine_input {
@@ -167,8 +179,12 @@ class low_latency_device_buffer {
   std::byte* local_device_buffer() { return local<std::byte>(0, 0); }
   Transport& transport() { return link_.transport(); }
 
-  dispatch_result dispatch(const ll_device_dispatch_input& in, cudaStream_t stream = nullptr) {
-    return dispatch_send(in, stream)();
+  // Both phases, on the stream `on` names (call_stream.hpp).
+  dispatch_result dispatch(const ll_device_dispatch_input& in, const call_stream& on = {}) {
+    const cudaStream_t stream = calls_.enter(on, dispatch_op);
+    dispatch_result r = dispatch_send(in, stream)();
+    r.event = calls_.leave(on, stream, dispatch_op);
+    return r;
   }
 
   // The send phase only; run the returned hook before the next dispatch on
@@ -212,11 +228,15 @@ class low_latency_device_buffer {
     return local<bf16>(h.parity, plan_.combine_send);
   }
 
-  // out: [T][H] on the device, or null for the buffer's own combine output
-  // (valid until the next combine on the same parity).
-  const bf16* combine(const ll_device_combine_input& in, const ll_device_handle& h,
-                      cudaStream_t stream = nullptr, bf16* out = nullptr) {
-    return combine_send(in, h, stream, out)();
+  // Both phases, on the stream `on` names (call_stream.hpp). out: [T][H] on
+  // the device, or null for the buffer's own combine output (valid until the
+  // next combine on the same parity).
+  ll_device_combine_result combine(const ll_device_combine_input& in, const ll_device_handle& h,
+                                   const call_stream& on = {}, bf16* out = nullptr) {
+    const cudaStream_t stream = calls_.enter(on, combine_op);
+    ll_device_combine_result r{combine_send(in, h, stream, out)(), {}};
+    r.event = calls_.leave(on, stream, combine_op);
+    return r;
   }
 
   // The send phase only; run the returned hook before the next dispatch on
@@ -257,20 +277,23 @@ class low_latency_device_buffer {
   }
 
   // Waits, with a deadline, for everything this buffer enqueued on `stream`
-  // and throws the first failure any of it recorded. Not while capturing.
+  // and on its communication stream, and throws the first failure any of it
+  // recorded. Not while capturing.
   void synchronize(cudaStream_t stream = nullptr) {
     calls_.ensure_usable("synchronize");
     if (calls_.capturing(stream))
       throw error(rank_, "synchronize", no_peer,
                   "the stream is being captured; synchronize after replaying the graph");
+    calls_.join_comm(stream, "synchronize");
     finish(stream, "synchronize");
   }
 
   // Cumulative per-rank counters, as the host engine's stats(): rows received
   // per local expert, and time blocked on each source (dispatch) and each
   // expert rank (combine), measured on the device. Reads them after the work
-  // already on `stream`.
+  // already on `stream` and on the communication stream.
   ll_stats stats(cudaStream_t stream = nullptr) {
+    calls_.join_comm(stream, "stats");
     const int el = shape_.local_experts();
     const std::size_t n = static_cast<std::size_t>(el) + 2 * static_cast<std::size_t>(world_);
     calls_.check(cudaMemcpyAsync(host_stats_, ws_.recv_tokens, n * sizeof(std::uint64_t),
@@ -287,6 +310,7 @@ class low_latency_device_buffer {
   }
 
   void reset_stats(cudaStream_t stream = nullptr) {
+    calls_.join_comm(stream, "stats");
     const std::size_t n =
         static_cast<std::size_t>(shape_.local_experts()) + 2 * static_cast<std::size_t>(world_);
     calls_.check(cudaMemsetAsync(ws_.recv_tokens, 0, n * sizeof(std::uint64_t), stream), "stats",
