@@ -6,7 +6,8 @@
 //   1. roofline     device-to-device copy bandwidth of the GPU;
 //   2. correctness  every scenario of correctness.hpp, for bf16, fp8 and fp32
 //                   tokens on each rank count, against the test suite's
-//                   reference and the host engine, plus bad input;
+//                   reference and the host engine, plus bad input; the three
+//                   types on one buffer (mixed_types.hpp);
 //   3. failure      a rank that never arrives (rank counts >= 2);
 //   4. timing       dispatch and combine with CUDA events, against the
 //                   roofline and the NCCL baseline;
@@ -34,6 +35,7 @@
 #include "epcomm/bootstrap/local.hpp"
 #include "ll_correctness.hpp"
 #include "ll_timing.hpp"
+#include "mixed_types.hpp"
 #include "timing.hpp"
 #if defined(EPCOMM_GPU_PROXY_LIBFABRIC) || defined(EPCOMM_GPU_PROXY_UCX)
 #include "proxy_check.hpp"
@@ -207,6 +209,7 @@ int main(int argc, char** argv) {
               [&](local_bootstrap& b) { return check_rank<fp8_e4m3>(b, opt.quick); }));
     check(run("correctness fp32", world,
               [&](local_bootstrap& b) { return check_rank<float>(b, opt.quick); }));
+    check(run("bf16, fp8 and fp32 on one buffer", world, check_mixed_types_rank<>));
     if (world >= 2)
       check(run("absent peer: deadline, then the abort relay", world, check_absent_peer<>));
   }
@@ -236,6 +239,8 @@ int main(int argc, char** argv) {
       check(run("normal over libfabric fp8_e4m3", world,
                 [&](local_bootstrap& b) { return check_rank<fp8_e4m3, fabric>(b, true); }));
       check(run("normal over libfabric: absent peer", world, check_absent_peer<fabric>));
+      check(run("normal over libfabric: bf16, fp8 and fp32 on one buffer", world,
+                check_mixed_types_rank<fabric>));
     }
     if (opt.low_latency) {
       check(run("low-latency over libfabric bf16", world,

@@ -148,17 +148,18 @@ downloaded<Token> download(const cuda::device_dispatch_result<Token>& r, int num
   return d;
 }
 
-// Runs one scenario on both engines; returns what differs, or "".
-template <class Token, class Link>
-std::string run_scenario(int rank, device_engine<Token, Link>& dev, host_engine<Token>& host,
-                         const scenario& sc, cudaStream_t stream) {
+// Runs one scenario of Token on both engines, each serving Token among
+// others or alone; returns what differs, or "".
+template <class Token, class Device, class Host>
+std::string run_scenario(int rank, Device& dev, Host& host, const scenario& sc,
+                         cudaStream_t stream) {
   using Out = combine_type_t<Token>;
   const test::shape& s = sc.shape;
   std::vector<test::rank_input<Token>> all;
   for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<Token>(s, r));
   const auto& mine = all[rank];
 
-  const auto hres = host.dispatch(
+  const auto hres = host.template dispatch<Token>(
       {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights},
       {sc.bound, sc.alignment});
   const device_input<Token> din(mine, sc.misalign_x);
@@ -205,7 +206,7 @@ std::string run_scenario(int rank, device_engine<Token, Link>& dev, host_engine<
   const std::span<const float> w = hres.recv_topk_weights;
   std::vector<Out> b0, b1;
   if (sc.bias) b0 = bias_rows<Out>(s, rank, 0), b1 = bias_rows<Out>(s, rank, 1);
-  const auto hout = host.combine({y, w, b0, b1}, hres.handle);
+  const auto hout = host.template combine<Out>({y, w, b0, b1}, hres.handle);
 
   const device_array<Out> dy{std::span<const Out>(y)};
   const device_array<float> dw{w};
@@ -248,6 +249,35 @@ std::vector<scenario> scenarios(int world, bool quick) {
   return v;
 }
 
+// A call both engines must reject on every rank: "" when the host engine's
+// message holds `expected_text` and the device engine threw the same
+// message naming `peer`, else what differs.
+inline std::string same_failure(const std::function<void()>& on_host,
+                                const std::function<void()>& on_device, int peer,
+                                const std::string& expected_text) {
+  std::string host_message, device_message;
+  int device_peer = -2;
+  try {
+    on_host();
+  } catch (const error& e) {
+    host_message = e.what();
+  }
+  try {
+    on_device();
+  } catch (const error& e) {
+    device_message = e.what();
+    device_peer = e.peer();
+  }
+  if (host_message.find(expected_text) == std::string::npos)
+    return "the host engine's error '" + host_message + "' lacks '" + expected_text + "'";
+  if (device_message != host_message)
+    return "device error '" + device_message + "' differs from the host engine's '" + host_message +
+           "'";
+  if (device_peer != peer)
+    return "the error names peer " + std::to_string(device_peer) + ", not " + std::to_string(peer);
+  return {};
+}
+
 // Bad input on one rank: every rank gets the host engine's error, and the
 // buffer serves the next call. Returns what went wrong, or "".
 template <class Token, class Link>
@@ -259,34 +289,20 @@ std::string check_bad_input(int rank, device_engine<Token, Link>& dev, host_engi
   auto mine = test::make_input<Token>(s, rank);
   const int culprit = world - 1;
   if (rank == culprit) mine.topk_idx[5] = s.experts;  // token 2, slot 1
-  std::string host_message, device_message;
-  int device_peer = -2;
-  try {
-    host.dispatch(
-        {s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx, mine.topk_weights});
-  } catch (const error& e) {
-    host_message = e.what();
-  }
   const device_input<Token> din(mine, 0);
-  try {
-    dev.dispatch(din.view(s), {}, stream);
-  } catch (const error& e) {
-    device_message = e.what();
-    device_peer = e.peer();
-  }
-  if (host_message.empty()) return "the host engine accepted an invalid expert id";
-  if (device_message != host_message)
-    return "device error '" + device_message + "' differs from the host engine's '" + host_message +
-           "'";
-  if (device_peer != (rank == culprit ? no_peer : culprit))
-    return "the error names peer " + std::to_string(device_peer);
-  const std::string expected = "topk_idx[2][1] = " + std::to_string(s.experts) +
-                               " is outside [-1, " + std::to_string(s.experts) + ")";
-  if (device_message.find(expected) == std::string::npos)
-    return "unexpected message: " + device_message;
+  if (auto e = same_failure(
+          [&] {
+            host.dispatch({s.tokens, s.hidden, s.topk, mine.x, mine.scales, mine.topk_idx,
+                           mine.topk_weights});
+          },
+          [&] { dev.dispatch(din.view(s), {}, stream); }, rank == culprit ? no_peer : culprit,
+          "topk_idx[2][1] = " + std::to_string(s.experts) + " is outside [-1, " +
+              std::to_string(s.experts) + ")");
+      !e.empty())
+    return e;
   // Nothing moved and every rank agreed: the next call goes through.
   const scenario ok{{world, 32, 256, 2, experts, test::routing::random, 22}};
-  if (auto e = run_scenario(rank, dev, host, ok, stream); !e.empty())
+  if (auto e = run_scenario<Token>(rank, dev, host, ok, stream); !e.empty())
     return "after the rejected call: " + e;
   return {};
 }
@@ -502,31 +518,23 @@ std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
   if (world == 1) return {};  // nobody to disagree with
   const int culprit = world - 1;
   const bool odd = rank == culprit;  // passes the later dispatch's handle, with rows for it
-  std::string host_message, device_message;
-  int device_peer = -2;
-  try {
-    host.dispatch(odd ? cached_dispatch_input<Token>{other.x, other.scales}
-                      : cached_dispatch_input<Token>{rows.x, rows.scales},
-                  odd ? host_later : host_handle);
-  } catch (const error& e) {
-    host_message = e.what();
-  }
-  try {
-    dev.dispatch(
-        odd ? cuda::device_cached_dispatch_input<Token>{dother.x.data(), dother.scales.size()
+  if (auto e = same_failure(
+          [&] {
+            host.dispatch(odd ? cached_dispatch_input<Token>{other.x, other.scales}
+                              : cached_dispatch_input<Token>{rows.x, rows.scales},
+                          odd ? host_later : host_handle);
+          },
+          [&] {
+            dev.dispatch(odd ? cuda::device_cached_dispatch_input<Token>{dother.x.data(),
+                                                                         dother.scales.size()
                                                                              ? dother.scales.data()
                                                                              : nullptr}
-            : cached_input(),
-        odd ? later : handle, stream);
-  } catch (const error& e) {
-    device_message = e.what();
-    device_peer = e.peer();
-  }
-  if (host_message.find("the cached handle's routing") == std::string::npos)
-    return "the host engine's error along two routings: '" + host_message + "'";
-  if (device_message != host_message || device_peer != culprit)
-    return "device error '" + device_message + "' differs from the host engine's '" + host_message +
-           "'";
+                             : cached_input(),
+                         odd ? later : handle, stream);
+          },
+          culprit, "the cached handle's routing");
+      !e.empty())
+    return "along two routings: " + e;
   const auto again = dev.dispatch(cached_input(), handle, stream);
   if (again.num_recv_tokens != static_cast<int>(n) ||
       !same_bytes<Token>(device_array<Token>::read(again.recv_x, n * h), expect_x))
@@ -628,14 +636,38 @@ std::string check_call_stream(int rank, device_engine<Token, Link>& dev, host_en
   return {};
 }
 
+// One rank's part of a check: its GPU chosen, a non-blocking stream of its
+// own (destroyed last: declare it before the engines), and the failures it
+// printed.
+struct rank_check {
+  int rank;
+  cudaStream_t stream = nullptr;
+  int failures = 0;
+
+  explicit rank_check(int r) : rank(r) {
+    use_device(r);
+    cuda::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), r, "gpu check",
+                     no_peer, "cudaStreamCreate");
+  }
+  rank_check(const rank_check&) = delete;
+  rank_check& operator=(const rank_check&) = delete;
+  ~rank_check() { cudaStreamDestroy(stream); }
+
+  // Prints the failure `e` of `what`; "" is a pass.
+  void note(const std::string& what, const std::string& e) {
+    if (e.empty()) return;
+    std::fprintf(stderr, "rank %d FAIL [%s]: %s\n", rank, what.c_str(), e.c_str());
+    ++failures;
+  }
+  int exit_code() const { return failures == 0 ? 0 : 1; }
+};
+
 // Correctness of one token type on `world` ranks: every scenario, then bad input.
 template <class Token, class Link = nvlink_ipc::transport>
 int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
-  const int rank = boot.rank();
-  use_device(rank);
-  cudaStream_t stream = nullptr;
-  cuda::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), rank, "gpu check",
-                   no_peer, "cudaStreamCreate");
+  rank_check rc(boot.rank());
+  const int rank = rc.rank;
+  const cudaStream_t stream = rc.stream;
   buffer_config cfg;
   cfg.num_experts = 16 * boot.world_size();
   cfg.max_hidden = 7168;
@@ -643,44 +675,22 @@ int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
   cfg.max_tokens_per_rank = 512;
   cfg.timeout = std::chrono::seconds(60);
   cfg.max_blocks = max_blocks;
-  int failures = 0;
-  {
-    device_engine<Token, Link> dev(boot, cfg, check_rma_memory);
-    host_engine<Token> host(boot, cfg);
-    const char* dtype = token_traits<Token>::name.data();
-    for (scenario sc : scenarios<Token>(boot.world_size(), quick)) {
-      sc.shape.experts = cfg.num_experts;  // fixed by the buffer
-      const std::string what = describe(sc, dtype);
-      const std::string e = run_scenario(rank, dev, host, sc, stream);
-      if (!e.empty())
-        std::fprintf(stderr, "rank %d FAIL [%s]: %s\n", rank, what.c_str(), e.c_str());
-      failures += !e.empty();
-    }
-    std::string e = check_bad_input(rank, dev, host, stream);
-    if (!e.empty())
-      std::fprintf(stderr, "rank %d FAIL [%s bad input]: %s\n", rank, dtype, e.c_str());
-    failures += !e.empty();
-    e = check_graph_replay(rank, dev, host, stream);
-    if (!e.empty())
-      std::fprintf(stderr, "rank %d FAIL [%s graph replay]: %s\n", rank, dtype, e.c_str());
-    failures += !e.empty();
-    if (!quick) {
-      e = check_live_handles(rank, dev, host, stream, cfg.max_live_handles);
-      if (!e.empty())
-        std::fprintf(stderr, "rank %d FAIL [%s live handles]: %s\n", rank, dtype, e.c_str());
-      failures += !e.empty();
-      e = check_cached_dispatch(rank, dev, host, stream);
-      if (!e.empty())
-        std::fprintf(stderr, "rank %d FAIL [%s cached dispatch]: %s\n", rank, dtype, e.c_str());
-      failures += !e.empty();
-      e = check_call_stream(rank, dev, host, stream);
-      if (!e.empty())
-        std::fprintf(stderr, "rank %d FAIL [%s call stream]: %s\n", rank, dtype, e.c_str());
-      failures += !e.empty();
-    }
+  device_engine<Token, Link> dev(boot, cfg, check_rma_memory);
+  host_engine<Token> host(boot, cfg);
+  const std::string dtype(token_traits<Token>::name);
+  for (scenario sc : scenarios<Token>(boot.world_size(), quick)) {
+    sc.shape.experts = cfg.num_experts;  // fixed by the buffer
+    rc.note(describe(sc, dtype.c_str()), run_scenario<Token>(rank, dev, host, sc, stream));
   }
-  cudaStreamDestroy(stream);
-  return failures == 0 ? 0 : 1;
+  rc.note(dtype + " bad input", check_bad_input(rank, dev, host, stream));
+  rc.note(dtype + " graph replay", check_graph_replay(rank, dev, host, stream));
+  if (!quick) {
+    rc.note(dtype + " live handles",
+            check_live_handles(rank, dev, host, stream, cfg.max_live_handles));
+    rc.note(dtype + " cached dispatch", check_cached_dispatch(rank, dev, host, stream));
+    rc.note(dtype + " call stream", check_call_stream(rank, dev, host, stream));
+  }
+  return rc.exit_code();
 }
 
 // A rank that never calls dispatch: rank 0 fails at its deadline, the others

@@ -529,17 +529,12 @@ inline std::vector<int> ll_tokens(int world, int n, int max, std::uint64_t seed)
 template <class Wire, class Link = nvlink_ipc::transport>
 int check_ll_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
   constexpr bool fp8 = token_traits<Wire>::has_scales;
-  const int rank = boot.rank(), world = boot.world_size();
-  use_device(rank);
-  cudaStream_t stream = nullptr;
-  cuda::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), rank, "gpu check",
-                   no_peer, "cudaStreamCreate");
-  const char* dtype = token_traits<Wire>::name.data();
-  int failures = 0;
+  rank_check rc(boot.rank());
+  const int world = boot.world_size();
+  const cudaStream_t stream = rc.stream;
+  const std::string dtype = "ll " + std::string(token_traits<Wire>::name) + " ";
   auto fail_if = [&](const std::string& what, const std::string& err) {
-    if (err.empty()) return;
-    std::fprintf(stderr, "rank %d FAIL [ll %s %s]: %s\n", rank, dtype, what.c_str(), err.c_str());
-    ++failures;
+    rc.note(dtype + what, err);
   };
   struct shape_case {
     int hidden;
@@ -591,8 +586,7 @@ int check_ll_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
       fail_if(tag, std::string("threw: ") + ex.what());
     }
   }
-  cudaStreamDestroy(stream);
-  return failures == 0 ? 0 : 1;
+  return rc.exit_code();
 }
 
 // A rank that never calls dispatch: rank 0 fails at its deadline, the others

@@ -13,6 +13,7 @@
 #include "correctness.hpp"
 #include "epcomm/bootstrap/local.hpp"
 #include "ll_correctness.hpp"
+#include "mixed_types.hpp"
 
 namespace {
 
@@ -47,6 +48,11 @@ EPCOMM_NORMAL_CASE(bf16, 4)
 EPCOMM_NORMAL_CASE(fp8_e4m3, 1)
 EPCOMM_NORMAL_CASE(fp8_e4m3, 2)
 EPCOMM_NORMAL_CASE(float, 2)
+
+// One buffer serving bf16, fp8 and fp32 calls (mixed_types.hpp).
+TEST_CASE("normal every token type on one buffer on 3 ranks") {
+  on_ranks(3, check_mixed_types_rank<>);
+}
 EPCOMM_LL_CASE(bf16, 1)
 EPCOMM_LL_CASE(bf16, 2)
 EPCOMM_LL_CASE(bf16, 3)

@@ -402,7 +402,8 @@ TEST_CASE("the runtime switch picks the most specialised fitting instantiation")
 
 TEST_CASE("host-side checks of device calls word errors as the host engine does") {
   const wire::capacity cap{2, 8, 256, 4, 8, 16, 16, 1, 2, true};
-  const auto check = [&](dispatch_shape s) { return check_dispatch_shape(cap, s); };
+  // An fp8 call on a buffer whose widest type has scales.
+  const auto check = [&](dispatch_shape s) { return check_dispatch_shape(cap, true, s); };
   const dispatch_shape ok{8, 256, 4, true, true, true, true};
   CHECK(check(ok).empty());
   auto s = ok;
@@ -426,6 +427,12 @@ TEST_CASE("host-side checks of device calls word errors as the host engine does"
   CHECK(check(s) == "topk_idx is null with 8 tokens");
   s = ok, s.num_tokens = 0, s.has_x = false, s.has_topk_idx = false, s.has_topk_weights = false;
   CHECK(check(s).empty());  // no tokens, no pointers needed
+  // A bf16 call on the same buffer (one serving several types): its hidden
+  // need not hold whole scale blocks, and scales are a mistake.
+  s = ok, s.hidden = 100, s.has_scales = false;
+  CHECK(check_dispatch_shape(cap, false, s).empty());
+  s.has_scales = true;
+  CHECK(check_dispatch_shape(cap, false, s) == "x_scales given for a token type without scales");
 
   const combine_shape c{1, 2, 4, 256, 4, 10, true, true, true, true};
   CHECK(check_combine_shape(1, 2, c).empty());
@@ -439,7 +446,7 @@ TEST_CASE("host-side checks of device calls word errors as the host engine does"
   // A cached dispatch: the handle's shape is the call's, and must be one a
   // dispatch of this buffer could have returned.
   const auto cached = [&](cached_dispatch_shape in) {
-    return check_cached_dispatch_shape(cap, 1, 2, in);
+    return check_cached_dispatch_shape(cap, true, 1, 2, in);
   };
   const cached_dispatch_shape d{1, 2, 8, 256, 4, true, true};
   CHECK(cached(d).empty());
@@ -457,6 +464,12 @@ TEST_CASE("host-side checks of device calls word errors as the host engine does"
   CHECK(cached(d2) == "x is null with 8 tokens");
   d2 = d, d2.has_scales = false;
   CHECK(cached(d2) == "x_scales is null for fp8 tokens");
+  // fp8 rows along the handle of a bf16 dispatch whose hidden has no whole
+  // scale blocks; bf16 rows along it are fine.
+  d2 = d, d2.hidden = 100;
+  CHECK(cached(d2) == "hidden 100 is not a multiple of 128 (fp8 scales)");
+  d2.has_scales = false;
+  CHECK(check_cached_dispatch_shape(cap, false, 1, 2, d2).empty());
 }
 
 TEST_CASE("agree_capacity yields the host engine's capacity and rejects mismatches") {

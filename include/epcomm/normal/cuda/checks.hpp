@@ -23,21 +23,22 @@ struct dispatch_shape {
   bool has_x, has_scales, has_topk_idx, has_topk_weights;  // non-null pointers
 };
 
-// x and x_scales for num_tokens rows (both dispatches).
-inline std::string check_row_pointers(const wire::capacity& cap, int num_tokens, bool has_x,
-                                      bool has_scales) {
+// x and x_scales for num_tokens rows (both dispatches); `scaled`: the call's
+// token type carries fp8 scales (a buffer may serve several types).
+inline std::string check_row_pointers(bool scaled, int num_tokens, bool has_x, bool has_scales) {
   if (num_tokens > 0 && !has_x) return "x is null with " + std::to_string(num_tokens) + " tokens";
-  if (num_tokens > 0 && cap.has_scales && !has_scales) return "x_scales is null for fp8 tokens";
-  if (!cap.has_scales && has_scales) return "x_scales given for a token type without scales";
+  if (num_tokens > 0 && scaled && !has_scales) return "x_scales is null for fp8 tokens";
+  if (!scaled && has_scales) return "x_scales given for a token type without scales";
   return {};
 }
 
-inline std::string check_dispatch_shape(const wire::capacity& cap, const dispatch_shape& in) {
+inline std::string check_dispatch_shape(const wire::capacity& cap, bool scaled,
+                                        const dispatch_shape& in) {
   const auto n = [](long long v) { return std::to_string(v); };
-  if (auto bad = check_dispatch_bounds(cap, cap.has_scales, in.num_tokens, in.hidden, in.topk);
+  if (auto bad = check_dispatch_bounds(cap, scaled, in.num_tokens, in.hidden, in.topk);
       !bad.empty())
     return bad;
-  if (auto bad = check_row_pointers(cap, in.num_tokens, in.has_x, in.has_scales); !bad.empty())
+  if (auto bad = check_row_pointers(scaled, in.num_tokens, in.has_x, in.has_scales); !bad.empty())
     return bad;
   if (in.num_tokens > 0) {
     if (!in.has_topk_idx) return "topk_idx is null with " + n(in.num_tokens) + " tokens";
@@ -55,14 +56,16 @@ struct cached_dispatch_shape {
 
 // A handle is plain data a caller could alter: its shape must be one a
 // dispatch of this buffer could have returned (the kernels index the slot's
-// routing by its token count).
-inline std::string check_cached_dispatch_shape(const wire::capacity& cap, int rank, int world,
-                                               const cached_dispatch_shape& in) {
+// routing by its token count). The rows' type may differ from the one the
+// handle's dispatch moved: fp8 rows then need a hidden of whole scale blocks.
+inline std::string check_cached_dispatch_shape(const wire::capacity& cap, bool scaled, int rank,
+                                               int world, const cached_dispatch_shape& in) {
   if (in.handle_world != world || in.handle_rank != rank)
     return input_error_text(describe_foreign_handle, in.handle_rank, in.handle_world);
-  if (!check_dispatch_bounds(cap, cap.has_scales, in.num_tokens, in.hidden, in.topk).empty())
+  if (!check_dispatch_bounds(cap, false, in.num_tokens, in.hidden, in.topk).empty())
     return input_error_text(describe_malformed_handle);
-  return check_row_pointers(cap, in.num_tokens, in.has_x, in.has_scales);
+  if (scaled && in.hidden % 128 != 0) return input_error_text(describe_unscaled_hidden, in.hidden);
+  return check_row_pointers(scaled, in.num_tokens, in.has_x, in.has_scales);
 }
 
 struct combine_shape {

@@ -33,6 +33,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "epcomm/bootstrap/concept.hpp"
@@ -119,14 +121,17 @@ struct device_combine_input {
   const Out* bias_1 = nullptr;          // [T][H] or null
 };
 
-template <device_buffer_transport Transport, token_type Token>
-class device_buffer {
+// Tokens: the token types the buffer serves (any of bf16, fp8_e4m3, float),
+// each call's type from its arguments, as the host engine's buffer<Transport,
+// Tokens...>: one set of regions sized for the widest row, the call's type in
+// the notify header and y's in the combine header, so that ranks calling
+// with different types fail together. Each type needs its kernels linked
+// (instantiate.cuh).
+template <device_buffer_transport Transport, token_type... Tokens>
+requires(sizeof...(Tokens) >= 1) class device_buffer {
   static constexpr bool via_proxy = device_link<Transport>::via_proxy;
 
  public:
-  using token = Token;
-  using combine_t = combine_type_t<Token>;
-
   // Collective: every rank constructs its buffer with the same config, with
   // the CUDA device it uses already current. Over an RMA transport,
   // `rma_memory` places the symmetric buffer: device memory (GPUDirect RDMA:
@@ -140,7 +145,7 @@ class device_buffer {
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
         max_blocks_(cfg.max_blocks),
-        cap_(agree_capacity<Token>(boot, cfg, setup_timeout_of(cfg))),
+        cap_(agree_capacity<Tokens...>(boot, cfg, setup_timeout_of(cfg))),
         plan_(wire::plan_regions(cap_, via_proxy)),
         // One channel for the calls' puts (their kernels are stream-ordered)
         // and one for the abort relay.
@@ -166,14 +171,31 @@ class device_buffer {
   // The start of this rank's symmetric buffer, as kernels address it.
   std::byte* local_device_buffer() { return link_.local_buffer(); }
 
+  // The first served type; an argument list in braces has no type to
+  // deduce, so dispatch({...}) means this one.
+  using first_token = std::tuple_element_t<0, std::tuple<Tokens...>>;
+
+  device_dispatch_result<first_token> dispatch(const device_dispatch_input<first_token>& in,
+                                               const dispatch_options& opt = {},
+                                               const call_stream& on = {}) {
+    return dispatch<first_token>(in, opt, on);
+  }
+  device_dispatch_result<first_token> dispatch(const device_cached_dispatch_input<first_token>& in,
+                                               const device_dispatch_handle& h,
+                                               const call_stream& on = {}) {
+    return dispatch<first_token>(in, h, on);
+  }
+
+  template <one_of<Tokens...> Token>
   device_dispatch_result<Token> dispatch(const device_dispatch_input<Token>& in,
                                          const dispatch_options& opt = {},
                                          const call_stream& on = {}) {
     calls_.ensure_usable("dispatch");
     const int slot = free_slot();
     std::string cause = check_dispatch_shape(
-        cap_, {in.num_tokens, in.hidden, in.topk, in.x != nullptr, in.x_scales != nullptr,
-               in.topk_idx != nullptr, in.topk_weights != nullptr});
+        cap_, token_traits<Token>::has_scales,
+        {in.num_tokens, in.hidden, in.topk, in.x != nullptr, in.x_scales != nullptr,
+         in.topk_idx != nullptr, in.topk_weights != nullptr});
     if (cause.empty()) cause = check_dispatch_options(opt, cap_.max_recv_tokens);
     if (cause.empty() && slot < 0)
       cause = "all " + std::to_string(slots_.size()) +
@@ -186,7 +208,7 @@ class device_buffer {
     a.recv_bound = opt.worst_case_recv_tokens;
     a.expert_alignment = cause.empty() ? opt.expert_alignment : 1;
     const cudaStream_t stream = calls_.enter(on, "dispatch");
-    auto res = launch_dispatch(a, stream);
+    auto res = launch_dispatch<Token>(a, stream);
     res.event = calls_.leave(on, stream, "dispatch");
     const std::byte* base = link_.local_buffer();
     res.recv_topk_idx = reinterpret_cast<const std::int64_t*>(base + plan_.recv_topk_idx);
@@ -220,13 +242,15 @@ class device_buffer {
   // share), no top-k arrays. The result holds recv_x (recv_x_scales for fp8)
   // and recv_src_idx in the handle's receive order, and `h` as its handle,
   // whose routing the call only reads. Synchronises unless captured.
+  // The rows may be of another served type than the handle's dispatch moved.
+  template <one_of<Tokens...> Token>
   device_dispatch_result<Token> dispatch(const device_cached_dispatch_input<Token>& in,
                                          const device_dispatch_handle& h,
                                          const call_stream& on = {}) {
     calls_.ensure_usable("dispatch");
     const bool ours = owns(h);
     std::string cause =
-        check_cached_dispatch_shape(cap_, rank_, world_,
+        check_cached_dispatch_shape(cap_, token_traits<Token>::has_scales, rank_, world_,
                                     {h.rank, h.world_size, h.num_tokens, h.hidden, h.topk,
                                      in.x != nullptr, in.x_scales != nullptr});
     if (cause.empty() && !ours) cause = not_ours;
@@ -234,7 +258,7 @@ class device_buffer {
     a.ws = along(cause.empty() ? *h.slot : -1);
     a.cached = 1;
     const cudaStream_t stream = calls_.enter(on, "dispatch");
-    auto res = launch_dispatch(a, stream);
+    auto res = launch_dispatch<Token>(a, stream);
     res.event = calls_.leave(on, stream, "dispatch");
     res.handle = h;
     if (!calls_.capturing(stream)) {
@@ -245,10 +269,13 @@ class device_buffer {
   }
 
   // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given).
-  // Returns the event recorded after its work.
-  device_event combine(const device_combine_input<combine_t>& in, const device_dispatch_handle& h,
-                       combine_t* out_x, float* out_weights = nullptr, const call_stream& on = {},
-                       bool synchronize_now = true) {
+  // Out is y's element type: any of the served tokens' combine types,
+  // whatever type the handle's dispatch moved. Returns the event recorded
+  // after its work.
+  template <one_of<combine_type_t<Tokens>...> Out>
+  device_event combine(const std::type_identity_t<device_combine_input<Out>>& in,
+                       const device_dispatch_handle& h, Out* out_x, float* out_weights = nullptr,
+                       const call_stream& on = {}, bool synchronize_now = true) {
     calls_.ensure_usable("combine");
     std::string cause = check_combine_shape(
         rank_, world_,
@@ -271,16 +298,17 @@ class device_buffer {
     a.num_tokens = cause.empty() ? h.num_tokens : 0;
     a.hidden = h.hidden;
     a.topk = h.topk;
+    a.out_id = token_traits<Out>::id;
     a.max_blocks = calls_.block_budget(max_blocks_);
     a.timeout_ns = calls_.timeout_ns();
     calls_.copy_cause(a.host_cause, cause);
 
-    const std::size_t row_bytes = static_cast<std::size_t>(h.hidden) * sizeof(combine_t);
+    const std::size_t row_bytes = static_cast<std::size_t>(h.hidden) * sizeof(Out);
     const std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(in.y) |
                                 reinterpret_cast<std::uintptr_t>(in.bias_0) |
                                 reinterpret_cast<std::uintptr_t>(in.bias_1) |
                                 reinterpret_cast<std::uintptr_t>(out_x) | row_bytes;
-    const normal_kernels k = kernels_for("combine", h.hidden, bits % 16 == 0);
+    const normal_kernels k = combine_kernels_for<Out>(h.hidden, bits % 16 == 0);
     const cudaStream_t stream = calls_.enter(on, "combine");
     calls_.launch("combine", k.combine(a, stream));
     device_event done = calls_.leave(on, stream, "combine");
@@ -306,6 +334,7 @@ class device_buffer {
   // What both dispatches pass the kernels alike; a rejected call (`cause`)
   // still runs the notify round (so every rank rejects it together) but with
   // no tokens, so nothing reads past a bad shape.
+  template <class Token>
   dispatch_args dispatch_args_of(const std::string& cause, const Token* x, const float* x_scales,
                                  int num_tokens, int hidden) {
     dispatch_args a{};
@@ -328,10 +357,11 @@ class device_buffer {
 
   // Enqueues a dispatch's kernels; the result's views of the rows every
   // dispatch delivers.
+  template <class Token>
   device_dispatch_result<Token> launch_dispatch(const dispatch_args& a, cudaStream_t stream) {
     const std::size_t row_bytes = static_cast<std::size_t>(a.hidden) * sizeof(Token);
     const bool aligned = (reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0) && row_bytes % 16 == 0;
-    const normal_kernels k = kernels_for("dispatch", a.hidden, aligned);
+    const normal_kernels k = kernels_for<Token>("dispatch", a.hidden, aligned);
     calls_.launch("dispatch", k.dispatch(a, stream));
     device_dispatch_result<Token> res;
     const std::byte* base = link_.local_buffer();
@@ -351,6 +381,7 @@ class device_buffer {
            slots_[*h.slot].lease.lock() == h.slot;
   }
 
+  template <class Token>
   normal_kernels kernels_for(const char* op, int hidden, bool aligned) const {
     normal_kernels k{};
     if (!kernel_registry::global().find(token_traits<Token>::id, world_, hidden, aligned, k))
@@ -361,6 +392,24 @@ class device_buffer {
               " (instantiated: " + kernel_registry::global().describe(token_traits<Token>::id) +
               "); link a .cu file that uses EPCOMM_CUDA_INSTANTIATE_NORMAL(Token, 0, 0) "
               "(epcomm/normal/cuda/instantiate.cuh)");
+    return k;
+  }
+
+  // The combine kernels for rows of Out, from any served type whose combine
+  // rows are Out (bf16 and fp8 tokens both combine in bf16).
+  template <class Out>
+  normal_kernels combine_kernels_for(int hidden, bool aligned) const {
+    normal_kernels k{};
+    const kernel_registry& reg = kernel_registry::global();
+    if (((std::same_as<combine_type_t<Tokens>, Out> &&
+          reg.find(token_traits<Tokens>::id, world_, hidden, aligned, k)) ||
+         ...))
+      return k;
+    // None fits: the first such type's error.
+    ((std::same_as<combine_type_t<Tokens>, Out>
+          ? (void)kernels_for<Tokens>("combine", hidden, aligned)
+          : void()),
+     ...);
     return k;
   }
 

@@ -78,6 +78,7 @@ struct combine_args {
   int num_tokens;
   int hidden;
   int topk;
+  int out_id;      // token_traits id of y's elements, posted in the combine header
   int max_blocks;  // blocks any one kernel may launch (>= 2); see device_calls::block_budget
   std::uint64_t timeout_ns;
   char host_cause[wire::cause_bytes];

@@ -180,6 +180,7 @@ __global__ void __launch_bounds__(notify_threads)
     hdr = wire::combine_header{};
     hdr.epoch = epoch;
     hdr.with_weights = a.y_weights != nullptr ? 1 : 0;
+    hdr.out_id = a.out_id;
     const int received = *a.ws.num_recv;
     if (a.host_cause[0] != '\0') {
       hdr.state = wire::status::invalid_input;
