@@ -362,7 +362,7 @@ class Buffer:
             raise error(self.rank, op, f"invalid input: x must be bfloat16, got {x.dtype}")
         engine = self._low_latency_engine(use_fp8, round_scale, use_ue8m0, num_experts, x.size(1),
                                           topk_idx.size(1), num_max_dispatch_tokens_per_rank)
-        receive = engine.dispatch_send(_dl(x), _dl(topk_idx))
+        receive = engine.dispatch_send(_dl(x), _dl(topk_idx), use_fp8)
         handle = _LowLatencyHandle(engine, num_max_dispatch_tokens_per_rank, x.size(1),
                                    num_experts)
         local_experts = num_experts // self.group_size
@@ -535,15 +535,21 @@ class Buffer:
 
     def _low_latency_engine(self, use_fp8, round_scale, use_ue8m0, num_experts, hidden, topk,
                             max_tokens):
-        key = (use_fp8, round_scale, use_ue8m0, num_experts, hidden, max_tokens)
+        """One engine serves bf16 and fp8 dispatches of its sizes; how fp8
+        scales are rounded and laid out is part of its config, so a bf16
+        call takes any engine of its sizes and an fp8 call the one of its
+        scale options."""
+        sizes = (num_experts, hidden, max_tokens)
+        if not use_fp8:
+            for (_, engine_sizes), engine in self._low_latency.items():
+                if engine_sizes == sizes:
+                    return engine
+        key = ((round_scale, use_ue8m0), sizes)
         if key not in self._low_latency:
-            cls = _epcomm.LowLatencyBuffer_fp8 if use_fp8 else _epcomm.LowLatencyBuffer_bf16
-            # fp8: DeepEP's token-major scales (epcomm's row_major is C++ only).
+            # DeepEP's token-major scales (epcomm's row_major is C++ only).
             layouts = _epcomm.ScaleLayout
-            layout = (layouts.ue8m0 if use_ue8m0 else
-                      layouts.token_major if use_fp8 else layouts.row_major)
-            self._low_latency[key] = cls(self._bootstrap, num_experts, hidden,
-                                         self._sizes["max_topk"] or topk, max_tokens,
-                                         round_scale, layout, self._timeout,
-                                         self._mask_lost_ranks)
+            layout = layouts.ue8m0 if use_ue8m0 else layouts.token_major
+            self._low_latency[key] = _epcomm.LowLatencyBuffer(
+                self._bootstrap, num_experts, hidden, self._sizes["max_topk"] or topk,
+                max_tokens, round_scale, layout, self._timeout, self._mask_lost_ranks)
         return self._low_latency[key]

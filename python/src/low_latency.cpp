@@ -1,14 +1,16 @@
 // Low-latency mode for CPU tensors: epcomm::low_latency_buffer over shared
-// memory, one class per wire (LowLatencyBuffer_bf16, _fp8). Every call is a
-// send phase that returns a hook; calling the hook runs the receive phase
-// (DeepEP's return_recv_hook), and the results are views of the buffer's
-// parity region, valid until the next call on that parity.
+// memory, one engine serving both wires, each dispatch choosing its own
+// (DeepEP's use_fp8). Every call is a send phase that returns a hook; calling
+// the hook runs the receive phase (DeepEP's return_recv_hook), and the
+// results are views of the buffer's parity region, valid until the next call
+// on that parity.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "bindings.hpp"
@@ -39,10 +41,9 @@ class run_once {
   bool done_ = false;
 };
 
-template <class Wire>
 class low_latency_binding {
  public:
-  using engine = low_latency_buffer<shm::transport, Wire>;
+  using engine = low_latency_buffer<shm::transport, bf16, fp8_e4m3>;
 
   low_latency_binding(group_bootstrap& boot, const low_latency_config& cfg)
       : engine_(std::make_unique<engine>(boot, cfg)) {}
@@ -54,12 +55,19 @@ class low_latency_binding {
   // [E_local][W][S] int32 (low_latency/scale_layout.hpp).
   class dispatch_hook {
    public:
-    dispatch_hook(typename engine::dispatch_hook hook, py::object owner)
-        : receive_(std::move(hook)), owner_(std::move(owner)) {}
+    template <class Wire>
+    dispatch_hook(typename engine::template dispatch_hook_for<Wire> hook, py::object owner)
+        : receive_([receive = run_once(std::move(hook)), owner]() mutable {
+            engine& eng = *owner.cast<low_latency_binding&>().engine_;
+            return results(receive(eng.rank(), "low-latency dispatch"), eng, owner);
+          }) {}
 
-    py::tuple operator()() {
-      engine& eng = *owner_.cast<low_latency_binding&>().engine_;
-      const typename engine::dispatch_result res = receive_(eng.rank(), "low-latency dispatch");
+    py::tuple operator()() { return receive_(); }
+
+   private:
+    template <class Wire>
+    static py::tuple results(const ll_dispatch_result<Wire>& res, const engine& eng,
+                             const py::object& owner) {
       const wire::ll::shape& s = eng.shape();
       const std::int64_t e = s.local_experts(), rows = s.rows_per_expert();
       py::object scales = py::none();
@@ -68,13 +76,13 @@ class low_latency_binding {
         const auto stride = static_cast<std::int64_t>(wire::ll::scale_token_stride(s));
         switch (s.scale_layout) {
           case ll_scale_layout::row_major:
-            scales = export_view(res.recv_x_scales, {e, rows, words}, owner_);
+            scales = export_view(res.recv_x_scales, {e, rows, words}, owner);
             break;
           case ll_scale_layout::token_major:
-            scales = export_view(res.recv_x_scales, {e, words, stride}, owner_);
+            scales = export_view(res.recv_x_scales, {e, words, stride}, owner);
             break;
           case ll_scale_layout::ue8m0:
-            scales = export_view(res.recv_x_scales_ue8m0, {e, words, stride}, owner_);
+            scales = export_view(res.recv_x_scales_ue8m0, {e, words, stride}, owner);
             break;
         }
       }
@@ -83,14 +91,14 @@ class low_latency_binding {
       const std::span<const std::int32_t> range(
           reinterpret_cast<const std::int32_t*>(res.recv_range.data()), res.recv_range.size() * 2);
       return py::make_tuple(
-          export_view(res.recv_x, {e, rows, s.hidden}, owner_), scales,
-          export_view(res.recv_count, {e}, owner_), export_view(src, {e, rows, 3}, owner_),
-          export_view(range, {e, std::int64_t{s.world_size}, 2}, owner_), res.handle);
+          export_view(res.recv_x, {e, rows, s.hidden}, owner), scales,
+          export_view(res.recv_count, {e}, owner), export_view(src, {e, rows, 3}, owner),
+          export_view(range, {e, std::int64_t{s.world_size}, 2}, owner), res.handle);
     }
 
-   private:
-    run_once<typename engine::dispatch_hook> receive_;
-    py::object owner_;  // keeps the buffer alive while the hook is held
+    // Runs the engine's hook once; its owner keeps the buffer alive while
+    // the hook is held.
+    std::function<py::tuple()> receive_;
   };
 
   // The receive phase of one combine: a view of out[T][H] (bf16).
@@ -112,7 +120,7 @@ class low_latency_binding {
   };
 
   static dispatch_hook dispatch_send(py::object self, const py::object& x,
-                                     const py::object& topk_idx) {
+                                     const py::object& topk_idx, bool use_fp8) {
     engine& eng = *self.cast<low_latency_binding&>().engine_;
     const call_site at{eng.rank(), "low-latency dispatch"};
     const auto xs = read_tensor<const bf16>(x, "x", at);
@@ -121,11 +129,14 @@ class low_latency_binding {
       throw error(at.rank, at.op, no_peer, "invalid input: x and topk_idx must be 2-D");
     const ll_dispatch_input in{static_cast<int>(xs.shape[0]), static_cast<int>(idx.shape[1]),
                                xs.data, idx.data};
-    auto hook = [&] {
-      py::gil_scoped_release free;
-      return eng.low_latency_dispatch_send(in);
-    }();
-    return dispatch_hook(std::move(hook), self);
+    const auto send = [&]<class Wire>() {
+      auto hook = [&] {
+        py::gil_scoped_release free;
+        return eng.template low_latency_dispatch_send<Wire>(in);
+      }();
+      return dispatch_hook(std::move(hook), self);
+    };
+    return use_fp8 ? send.template operator()<fp8_e4m3>() : send.template operator()<bf16>();
   }
 
   static combine_hook combine_send(py::object self, const py::object& y, const py::object& topk_idx,
@@ -155,9 +166,8 @@ class low_latency_binding {
   std::unique_ptr<engine> engine_;
 };
 
-template <class Wire>
 void bind_low_latency_buffer(py::module_& m, const char* name) {
-  using B = low_latency_binding<Wire>;
+  using B = low_latency_binding;
   py::class_<B> cls(m, name);
   py::class_<typename B::dispatch_hook>(cls, "DispatchHook")
       .def("__call__", &B::dispatch_hook::operator());
@@ -206,8 +216,7 @@ void bind_low_latency(py::module_& m) {
       .def_readonly("parity", &ll_handle::parity)
       .def_readonly("num_tokens", &ll_handle::num_tokens)
       .def_readonly("topk", &ll_handle::topk);
-  bind_low_latency_buffer<bf16>(m, "LowLatencyBuffer_bf16");
-  bind_low_latency_buffer<fp8_e4m3>(m, "LowLatencyBuffer_fp8");
+  bind_low_latency_buffer(m, "LowLatencyBuffer");
 }
 
 }  // namespace epcomm::python

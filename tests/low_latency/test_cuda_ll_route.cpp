@@ -90,6 +90,8 @@ TEST_CASE("low-latency route: a dispatch's puts land as the peer-mapped stores w
       const std::size_t rb = ll::record_bytes(s);
       const int el = s.local_experts();
       const std::uint64_t epoch = 5;
+      const std::uint8_t wire_id =
+          wire_bytes == 1 ? token_traits<fp8_e4m3>::id : token_traits<bf16>::id;
       // Expert e gets (e * 3) % 9 records (at most max_tokens_per_rank = 8).
       std::vector<int> counts(s.num_experts);
       for (int e = 0; e < s.num_experts; ++e) counts[e] = (e * 3) % 9;
@@ -97,14 +99,14 @@ TEST_CASE("low-latency route: a dispatch's puts land as the peer-mapped stores w
         fill(m.at(self, parity, m.pl.send_records) +
                  static_cast<std::size_t>(e) * s.max_tokens_per_rank * rb,
              s.max_tokens_per_rank * rb, 10 + e);
-        const ll::count_word w{epoch, counts[e], ll::state::ok};
+        const ll::count_word w{epoch, counts[e], ll::state::ok, wire_id};
         std::memcpy(m.at(self, parity, m.pl.send_dispatch_counts) + e * sizeof w, &w, sizeof w);
       }
       std::vector<bytes> expected = m.buf;
       for (int e = 0; e < s.num_experts; ++e) {
         const int dst = e / el, le = e % el;
         const std::size_t base = ll::parity_base(m.pl, parity);
-        const ll::count_word w{epoch, counts[e], ll::state::ok};
+        const ll::count_word w{epoch, counts[e], ll::state::ok, wire_id};
         std::memcpy(expected[dst].data() + base + m.pl.dispatch_counts +
                         (static_cast<std::size_t>(le) * s.world_size + self) * sizeof w,
                     &w, sizeof w);
@@ -148,7 +150,7 @@ TEST_CASE("low-latency route: a rejected dispatch sends its reject record, then 
   rec.epoch = 3;
   std::strcpy(rec.cause, "expert 99 is out of range");
   std::memcpy(m.at(self, parity, m.pl.send_rejects), &rec, sizeof rec);
-  const ll::count_word w{3, 0, ll::state::rejected};
+  const ll::count_word w{3, 0, ll::state::rejected, token_traits<bf16>::id};
   for (int e = 0; e < s.num_experts; ++e)
     std::memcpy(m.at(self, parity, m.pl.send_dispatch_counts) + e * sizeof w, &w, sizeof w);
   // Stale bytes in the staged records must not move.
@@ -202,7 +204,7 @@ TEST_CASE("low-latency route: combine rows and count words") {
   }
   fill(m.at(self, parity, m.pl.combine_send), m.pl.recv_x - m.pl.combine_send, 3);
   for (int r = 0; r < s.world_size; ++r) {
-    const ll::count_word w{9, rows_to[r], ll::state::ok};
+    const ll::count_word w{9, rows_to[r], ll::state::ok, token_traits<bf16>::id};
     std::memcpy(m.at(self, parity, m.pl.send_combine_counts) + r * sizeof w, &w, sizeof w);
   }
   std::vector<bytes> expected = m.buf;
@@ -218,7 +220,7 @@ TEST_CASE("low-latency route: combine rows and count words") {
           m.at(self, parity, m.pl.combine_send) + row * row_bytes, row_bytes);
     }
   for (int r = 0; r < s.world_size; ++r) {
-    const ll::count_word w{9, rows_to[r], ll::state::ok};
+    const ll::count_word w{9, rows_to[r], ll::state::ok, token_traits<bf16>::id};
     std::memcpy(expected[r].data() + base + m.pl.combine_counts + self * sizeof w, &w, sizeof w);
   }
   auto ch = m.ch();

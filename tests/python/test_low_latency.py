@@ -53,34 +53,40 @@ def _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, use_fp8):
             assert bool(((got[e][row] - want).abs() <= tol).all()), (e, row, s, t)
 
 
+def _round_trip(buf, rank, world, seed, tokens, kind, use_fp8, use_hook=False, zero_copy=False,
+                use_ue8m0=False):
+    """One dispatch and combine on `buf`, each checked against the reference."""
+    xs, idxs, ws = _inputs(seed, world, tokens, kind)
+    recv_x, recv_count, handle, _, hook = buf.low_latency_dispatch(
+        xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=use_fp8, round_scale=use_ue8m0,
+        use_ue8m0=use_ue8m0, return_recv_hook=use_hook)
+    if use_hook:
+        hook()
+    _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, use_fp8)
+    # Each expert returns its rows times (global expert id + 1).
+    local = EXPERTS // world
+    factors = torch.arange(rank * local, (rank + 1) * local, dtype=torch.float32) + 1
+    y = (_dequantized(recv_x, use_fp8) * factors.view(-1, 1, 1)).bfloat16()
+    if zero_copy:
+        buf.get_next_low_latency_combine_buffer(handle).copy_(y)
+        y = buf.get_next_low_latency_combine_buffer(handle)
+    combined, _, hook = buf.low_latency_combine(y, idxs[rank], ws[rank], handle,
+                                                zero_copy=zero_copy, return_recv_hook=use_hook)
+    if use_hook:
+        hook()
+    valid = idxs[rank] >= 0
+    scale = (ws[rank] * torch.where(valid, idxs[rank] + 1, 0)).sum(dim=1, keepdim=True)
+    want = xs[rank].float() * scale
+    tol = (0.07 if use_fp8 else 0.02) * want.abs().clamp(min=1)
+    assert bool(((combined.float() - want).abs() <= tol).all())
+
+
 def _round_trips(rank, world, use_fp8, use_hook, zero_copy, use_ue8m0=False):
     buf = epcomm.Buffer(None, low_latency_mode=True, timeout_ms=20_000)
     # Several calls in a row: both parities, reused.
     for seed, (tokens, kind) in enumerate([(MAX_TOKENS, "random"), (7, "holes"),
                                            ([3, 0, 16, 9][:world], "one_rank"), (5, "random")]):
-        xs, idxs, ws = _inputs(seed, world, tokens, kind)
-        recv_x, recv_count, handle, _, hook = buf.low_latency_dispatch(
-            xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=use_fp8, round_scale=use_ue8m0,
-            use_ue8m0=use_ue8m0, return_recv_hook=use_hook)
-        if use_hook:
-            hook()
-        _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, use_fp8)
-        # Each expert returns its rows times (global expert id + 1).
-        local = EXPERTS // world
-        factors = torch.arange(rank * local, (rank + 1) * local, dtype=torch.float32) + 1
-        y = (_dequantized(recv_x, use_fp8) * factors.view(-1, 1, 1)).bfloat16()
-        if zero_copy:
-            buf.get_next_low_latency_combine_buffer(handle).copy_(y)
-            y = buf.get_next_low_latency_combine_buffer(handle)
-        combined, _, hook = buf.low_latency_combine(y, idxs[rank], ws[rank], handle,
-                                                    zero_copy=zero_copy, return_recv_hook=use_hook)
-        if use_hook:
-            hook()
-        valid = idxs[rank] >= 0
-        scale = (ws[rank] * torch.where(valid, idxs[rank] + 1, 0)).sum(dim=1, keepdim=True)
-        want = xs[rank].float() * scale
-        tol = (0.07 if use_fp8 else 0.02) * want.abs().clamp(min=1)
-        assert bool(((combined.float() - want).abs() <= tol).all())
+        _round_trip(buf, rank, world, seed, tokens, kind, use_fp8, use_hook, zero_copy, use_ue8m0)
 
 
 @pytest.mark.parametrize("world,use_fp8,use_hook,zero_copy", [
@@ -93,6 +99,30 @@ def test_round_trips(world, use_fp8, use_hook, zero_copy):
 @pytest.mark.parametrize("use_hook", [False, True])
 def test_ue8m0_scales(use_hook):
     run_ranks(_round_trips, 2, True, use_hook, False, True)
+
+
+def _wires_on_one_engine(rank, world):
+    buf = epcomm.Buffer(None, low_latency_mode=True, timeout_ms=20_000)
+    for seed, use_fp8 in enumerate([True, False, False, True, True]):
+        _round_trip(buf, rank, world, 40 + seed, 9, "random", use_fp8, use_hook=seed % 2 == 1)
+    # DeepEP's use_fp8 is per call: one engine serves both.
+    assert len(buf._low_latency) == 1
+    # Rank 1 dispatches fp8 among bf16: every rank fails naming a rank of the
+    # other wire, and the engine serves the next call.
+    xs, idxs, _ = _inputs(47, world, 4, "random")
+    try:
+        buf.low_latency_dispatch(xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=rank == 1)
+        raise AssertionError("ranks that dispatched different wires went through")
+    except epcomm.Error as e:
+        mine, theirs = ("fp8_e4m3", "bf16") if rank == 1 else ("bf16", "fp8_e4m3")
+        assert f"that rank dispatched {theirs} records, this rank {mine}" in str(e), str(e)
+        assert e.peer == (0 if rank == 1 else 1), str(e)
+    _round_trip(buf, rank, world, 48, 9, "random", False)
+    _round_trip(buf, rank, world, 49, 9, "random", True)
+
+
+def test_low_latency_wires_on_one_engine():
+    run_ranks(_wires_on_one_engine, 3)
 
 
 def _refusals(rank, world):

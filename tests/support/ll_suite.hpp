@@ -229,17 +229,17 @@ bool run_both_wires(const ll_case& c) {
   return bf && f8;
 }
 
-// Every rank runs fn(buffer) and must return 0.
-template <class Transport, class Wire = bf16>
+// Every rank runs fn(buffer) and must return 0; the buffer serves Wire and More.
+template <class Transport, class Wire = bf16, class... More>
 bool on_every_rank(
     const ll_case& c,
-    const std::type_identity_t<std::function<int(low_latency_buffer<Transport, Wire>&, int rank)>>&
-        fn,
+    const std::type_identity_t<
+        std::function<int(low_latency_buffer<Transport, Wire, More...>&, int rank)>>& fn,
     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   const auto codes = launch_local(c.world, [&](local_bootstrap& boot) {
     auto cfg = config_of(c);
     cfg.timeout = timeout;
-    low_latency_buffer<Transport, Wire> buf(boot, cfg);
+    low_latency_buffer<Transport, Wire, More...> buf(boot, cfg);
     return fn(buf, boot.rank());
   });
   return all_ok(codes, describe<Wire>(c));
@@ -260,23 +260,22 @@ inline int took_under(steady::time_point start, std::chrono::milliseconds bound,
 
 // The expert outputs for `res`, written in place into the buffer's combine
 // send buffer (zero copy), as the combine input that returns them.
-template <class Transport, class Wire>
-ll_combine_input zero_copy_outputs(low_latency_buffer<Transport, Wire>& buf, const ll_case& c,
-                                   const test::ll_call& call, int rank,
-                                   const ll_dispatch_result<Wire>& res) {
+template <class Buffer, class Wire>
+ll_combine_input zero_copy_outputs(Buffer& buf, const ll_case& c, const test::ll_call& call,
+                                   int rank, const ll_dispatch_result<Wire>& res) {
   auto y = buf.combine_send_buffer(res.handle);
   test::ll_expert_rows(res, rank, c.local_experts(), c.hidden, c.rows_per_expert(), y);
   const auto& in = call.in[rank];
   return {y, in.topk_idx, in.topk_weights};
 }
 
-// One dispatch and zero-copy combine of `call`, each checked against the
-// reference. Returns 0, or prints what differed (after `when`) and returns
-// `code` for a wrong dispatch, `code + 1` for a wrong combine.
-template <class Transport, class Wire>
-int checked_round_trip(low_latency_buffer<Transport, Wire>& buf, const ll_case& c,
-                       const test::ll_call& call, int rank, const char* when, int code) {
-  const auto res = buf.low_latency_dispatch(input_of(call, rank));
+// One dispatch on wire Wire and zero-copy combine of `call`, each checked
+// against the reference. Returns 0, or prints what differed (after `when`)
+// and returns `code` for a wrong dispatch, `code + 1` for a wrong combine.
+template <class Wire, class Buffer>
+int wire_round_trip(Buffer& buf, const ll_case& c, const test::ll_call& call, int rank,
+                    const char* when, int code) {
+  const auto res = buf.template low_latency_dispatch<Wire>(input_of(call, rank));
   if (auto e = test::check_ll_dispatch(call, rank, c.world, c.max_tokens, false, res); !e.empty()) {
     std::fprintf(stderr, "rank %d: %s: %s\n", rank, when, e.c_str());
     return code;
@@ -287,6 +286,13 @@ int checked_round_trip(low_latency_buffer<Transport, Wire>& buf, const ll_case& 
     return code + 1;
   }
   return 0;
+}
+
+// The same on the buffer's own wire.
+template <class Transport, class Wire>
+int checked_round_trip(low_latency_buffer<Transport, Wire>& buf, const ll_case& c,
+                       const test::ll_call& call, int rank, const char* when, int code) {
+  return wire_round_trip<Wire>(buf, c, call, rank, when, code);
 }
 
 // One valid dispatch and combine, checked: the buffer still works.
@@ -498,6 +504,72 @@ TEST_CASE_TEMPLATE_DEFINE("split phase gives the one-shot results bit for bit", 
       return 2;
     }
     return 0;
+  }));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("one buffer serves bf16 and fp8 calls and fails ranks that disagree",
+                          Transport, ll_both_wires) {
+  EPCOMM_LL_CASE(Transport);
+  constexpr bool small = small_shapes<Transport>;
+  const ll_case c{.world = 3,
+                  .hidden = small ? 256 : 1024,
+                  .experts = 6,
+                  .max_topk = 4,
+                  .max_tokens = small ? 8 : 32,
+                  .seed = 1500};
+  CHECK(on_every_rank<Transport, bf16, fp8_e4m3>(c, [&](auto& buf, int rank) {
+    // Each wire in turn: fp8 records, then bf16 ones twice as wide, in the
+    // same regions.
+    if (const int rc =
+            wire_round_trip<fp8_e4m3>(buf, c, make_call(c, {-1, 4}, 1501), rank, "fp8 first", 1))
+      return rc;
+    if (const int rc =
+            wire_round_trip<bf16>(buf, c, make_call(c, {-1, 4}, 1502), rank, "then bf16", 3))
+      return rc;
+    // Both in flight at once, one on each parity.
+    const auto a = make_call(c, {-1, 3}, 1503);
+    const auto b = make_call(c, {-1, 4, routing::uneven}, 1504);
+    auto bf16_hook = buf.template low_latency_dispatch_send<bf16>(input_of(a, rank));
+    auto fp8_hook = buf.template low_latency_dispatch_send<fp8_e4m3>(input_of(b, rank));
+    const auto bf16_res = bf16_hook();
+    const auto fp8_res = fp8_hook();
+    for (const std::string& e :
+         {test::check_ll_dispatch(a, rank, c.world, c.max_tokens, false, bf16_res),
+          test::check_ll_dispatch(b, rank, c.world, c.max_tokens, false, fp8_res)})
+      if (!e.empty()) {
+        std::fprintf(stderr, "rank %d: both in flight: %s\n", rank, e.c_str());
+        return 5;
+      }
+    auto bf16_combine =
+        buf.low_latency_combine_send(zero_copy_outputs(buf, c, a, rank, bf16_res), bf16_res.handle);
+    auto fp8_combine =
+        buf.low_latency_combine_send(zero_copy_outputs(buf, c, b, rank, fp8_res), fp8_res.handle);
+    for (const std::string& e : {test::check_ll_combine<bf16>(a, rank, false, bf16_combine()),
+                                 test::check_ll_combine<fp8_e4m3>(b, rank, false, fp8_combine())})
+      if (!e.empty()) {
+        std::fprintf(stderr, "rank %d: both in flight: %s\n", rank, e.c_str());
+        return 6;
+      }
+    // Rank 1 dispatches fp8 among bf16: no record is read as the other wire,
+    // every rank fails naming a rank of the other wire, and the buffer
+    // serves both wires after.
+    const auto odd = make_call(c, {4, 2}, 1505);
+    const int rc = expect_error(
+        rank,
+        [&] {
+          if (rank == 1)
+            buf.template low_latency_dispatch<fp8_e4m3>(input_of(odd, rank));
+          else
+            buf.low_latency_dispatch(input_of(odd, rank));
+        },
+        rank == 1 ? "that rank dispatched bf16 records, this rank fp8_e4m3"
+                  : "that rank dispatched fp8_e4m3 records, this rank bf16",
+        rank == 1 ? 0 : 1);
+    if (rc != 0) return rc;
+    if (const int rc2 =
+            wire_round_trip<bf16>(buf, c, make_call(c, {-1, 4}, 1506), rank, "after, bf16", 10))
+      return rc2;
+    return wire_round_trip<fp8_e4m3>(buf, c, make_call(c, {-1, 4}, 1507), rank, "after, fp8", 12);
   }));
 }
 
@@ -826,6 +898,7 @@ TEST_CASE_TEMPLATE_DEFINE("a scale layout the wire cannot honour fails construct
   TEST_CASE_TEMPLATE_INVOKE(ll_counts, T);          \
   TEST_CASE_TEMPLATE_INVOKE(ll_back_to_back, T);    \
   TEST_CASE_TEMPLATE_INVOKE(ll_split_bitwise, T);   \
+  TEST_CASE_TEMPLATE_INVOKE(ll_both_wires, T);      \
   TEST_CASE_TEMPLATE_INVOKE(ll_bad_expert, T);      \
   TEST_CASE_TEMPLATE_INVOKE(ll_expert_overflow, T); \
   TEST_CASE_TEMPLATE_INVOKE(ll_bad_combine, T);     \

@@ -78,6 +78,7 @@
 #include "epcomm/low_latency/report.hpp"
 #include "epcomm/low_latency/rma.hpp"
 #include "epcomm/low_latency/validation.hpp"
+#include "epcomm/low_latency/verdict.hpp"
 #include "epcomm/low_latency/wire.hpp"
 #include "epcomm/transport/concepts.hpp"
 
@@ -87,7 +88,11 @@ namespace epcomm {
 template <class W>
 concept low_latency_wire = std::same_as<W, bf16> || std::same_as<W, fp8_e4m3>;
 
-template <transport Transport, low_latency_wire Wire = bf16>
+// Wire is what a dispatch moves when not told; More are further wires the
+// same buffer serves, each call choosing its own (DeepEP's per-call use_fp8):
+// low_latency_buffer<Transport, bf16, fp8_e4m3> sizes its records for the
+// wider of the two, with scales.
+template <transport Transport, low_latency_wire Wire = bf16, low_latency_wire... More>
 requires peer_mapped_transport<Transport> || has_completion_count<Transport>
 class low_latency_buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
@@ -104,7 +109,10 @@ class low_latency_buffer {
   using dispatch_result = ll_dispatch_result<Wire>;
 
   // Completes a dispatch's receive phase; returned by low_latency_dispatch_send.
-  using dispatch_hook = receive_hook<low_latency_buffer, dispatch_result, int, std::uint64_t>;
+  template <class W>
+  using dispatch_hook_for =
+      receive_hook<low_latency_buffer, ll_dispatch_result<W>, int, std::uint64_t>;
+  using dispatch_hook = dispatch_hook_for<Wire>;
   // Completes a combine's receive phase: returns out[T][H], valid until the
   // next combine on the same parity.
   using combine_hook = receive_hook<low_latency_buffer, std::span<const bf16>, int, std::uint64_t>;
@@ -117,7 +125,8 @@ class low_latency_buffer {
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
         mask_lost_ranks_(cfg.mask_lost_ranks),
-        shape_(agree_ll_shape<Wire>(boot, cfg, setup_timeout_of(cfg), {}, can_mask_lost_ranks)),
+        shape_(agree_ll_shape<Wire, More...>(boot, cfg, setup_timeout_of(cfg), {},
+                                             can_mask_lost_ranks)),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         // One proxy channel per parity, so that reusing a parity's staging
         // waits only for that parity's puts.
@@ -194,13 +203,19 @@ class low_latency_buffer {
   // The ranks masked so far, ascending (mask_lost_ranks; empty otherwise).
   std::vector<int> lost_ranks() const { return lost_rank_list(lost_); }
 
-  dispatch_result low_latency_dispatch(const ll_dispatch_input& in) {
-    return low_latency_dispatch_send(in)();
+  // Moves the tokens on wire W (any served one). Every rank of a call must
+  // dispatch the same wire: a rank meeting another wire's records fails
+  // naming the sender, without reading them, and the buffer serves the next
+  // call.
+  template <one_of<Wire, More...> W = Wire>
+  ll_dispatch_result<W> low_latency_dispatch(const ll_dispatch_input& in) {
+    return low_latency_dispatch_send<W>(in)();
   }
 
   // The send phase only; run the returned hook before the next dispatch on
   // this parity (the one after next).
-  dispatch_hook low_latency_dispatch_send(const ll_dispatch_input& in) {
+  template <one_of<Wire, More...> W = Wire>
+  dispatch_hook_for<W> low_latency_dispatch_send(const ll_dispatch_input& in) {
     ensure_usable(dispatch_op);
     const int p = next_parity_;
     parity_state& st = parity_[p];
@@ -221,16 +236,16 @@ class low_latency_buffer {
       // are written again, here or by the caller once this dispatch returns.
       link_.quiet(p, dl);
       if (cause.empty())
-        send_records(p, epoch, in, dl);
+        send_records<W>(p, epoch, in, dl);
       else
-        send_rejection(p, epoch, cause, wire::ll::reject_kind::dispatch, dl);
+        send_rejection(p, epoch, cause, wire::ll::reject_kind::dispatch, token_traits<W>::id, dl);
     });
     st.dispatch_pending = true;
     st.dispatch_ok = cause.empty();
     st.num_tokens = cause.empty() ? in.num_tokens : 0;
     st.topk = cause.empty() ? in.topk : 0;
-    if (!cause.empty()) receive_dispatch(p, epoch);  // throws after draining this epoch
-    return dispatch_hook(this, &low_latency_buffer::receive_dispatch, p, epoch);
+    if (!cause.empty()) receive_dispatch<W>(p, epoch);  // throws after draining this epoch
+    return dispatch_hook_for<W>(this, &low_latency_buffer::receive_dispatch<W>, p, epoch);
   }
 
   // Where expert outputs for `h` can be written so that combine reads them in
@@ -270,7 +285,7 @@ class low_latency_buffer {
                 in.topk_weights[static_cast<std::size_t>(t) * h.topk + j];
         return_rows(p, epoch, in.y, dl);
       } else {
-        send_rejection(p, epoch, cause, wire::ll::reject_kind::combine, dl);
+        send_rejection(p, epoch, cause, wire::ll::reject_kind::combine, token_traits<bf16>::id, dl);
       }
     });
     st.combine_pending = true;
@@ -398,10 +413,12 @@ class low_latency_buffer {
     return {};
   }
 
+  template <class W>
   void send_records(int p, std::uint64_t epoch, const ll_dispatch_input& in, const deadline& dl) {
+    const wire::ll::shape cs = wire::ll::call_shape<W>(shape_);
     const int k = in.topk;
-    const std::size_t payload = wire::ll::payload_bytes(shape_);
-    const std::size_t scales = sizeof(float) * shape_.scales_per_token();
+    const std::size_t payload = wire::ll::payload_bytes(cs);
+    const std::size_t scales = sizeof(float) * cs.scales_per_token();
     std::int64_t* sent = local<std::int64_t>(p, plan_.sent_topk_idx);
     std::ranges::fill(next_slot_, 0);
     for (int t = 0; t < in.num_tokens; ++t) {
@@ -409,12 +426,11 @@ class low_latency_buffer {
       // The record is staged once per token: fp8 casts the row once, however
       // many experts it goes to.
       const std::byte* body = reinterpret_cast<const std::byte*>(row);
-      if constexpr (token_traits<Wire>::has_scales) {
+      if constexpr (token_traits<W>::has_scales) {
         quantize_fp8_row(
             row, shape_.hidden,
             reinterpret_cast<fp8_e4m3*>(scratch_.data() + sizeof(wire::ll::record_header)),
-            reinterpret_cast<float*>(scratch_.data() + wire::ll::scales_offset(shape_)),
-            round_scale_);
+            reinterpret_cast<float*>(scratch_.data() + wire::ll::scales_offset(cs)), round_scale_);
         body = scratch_.data() + sizeof(wire::ll::record_header);
       }
       for (int j = 0; j < k; ++j) {
@@ -423,34 +439,37 @@ class low_latency_buffer {
         if (e < 0 || expert_lost(e)) continue;  // a lost rank's rows are not delivered
         const int slot = next_slot_[e]++;
         const wire::ll::record_header hdr{{rank_, t, j}, 0};
-        std::byte* rec = outgoing_record(static_cast<int>(e), slot, p);
+        std::byte* rec = outgoing_record(cs, static_cast<int>(e), slot, p);
         std::memcpy(rec, &hdr, sizeof hdr);
         std::memcpy(rec + sizeof hdr, body, payload);
         if (scales != 0)
-          std::memcpy(rec + wire::ll::scales_offset(shape_),
-                      scratch_.data() + wire::ll::scales_offset(shape_), scales);
+          std::memcpy(rec + wire::ll::scales_offset(cs),
+                      scratch_.data() + wire::ll::scales_offset(cs), scales);
       }
     }
     for (int e = 0; e < shape_.num_experts; ++e)
       if (!expert_lost(e))
-        publish_dispatch_count(e, p, {epoch, next_slot_[e], wire::ll::state::ok}, dl);
+        publish_dispatch_count(
+            cs, e, p, {epoch, next_slot_[e], wire::ll::state::ok, token_traits<W>::id}, dl);
   }
 
-  // Where this rank writes record `slot` for expert e: straight into region
-  // (e's local index, this rank) on e's rank, or (RMA) into its staging, by
-  // destination expert, for the proxy to put with the count word.
-  std::byte* outgoing_record(int e, int slot, int p) {
-    const wire::ll::rma_write region = wire::ll::records_write(shape_, plan_, p, rank_, e, 0);
-    const std::size_t at = static_cast<std::size_t>(slot) * wire::ll::record_bytes(shape_);
+  // Where this rank writes record `slot` for expert e in the call's layout
+  // `cs`: straight into region (e's local index, this rank) on e's rank, or
+  // (RMA) into its staging, by destination expert, for the proxy to put with
+  // the count word.
+  std::byte* outgoing_record(const wire::ll::shape& cs, int e, int slot, int p) {
+    const wire::ll::rma_write region = wire::ll::records_write(cs, plan_, p, rank_, e, 0);
+    const std::size_t at = static_cast<std::size_t>(slot) * wire::ll::record_bytes(cs);
     if (link_.direct(region.peer)) return link_.direct_ptr(region.peer, region.remote + at);
     return link_.local(region.local + at);
   }
 
-  // Count word (and, over RMA, the staged records before it) of region
-  // (expert e, this rank), then its signal.
-  void publish_dispatch_count(int e, int p, const wire::ll::count_word& w, const deadline& dl) {
+  // Count word (and, over RMA, the staged records before it, laid out as `cs`
+  // says) of region (expert e, this rank), then its signal.
+  void publish_dispatch_count(const wire::ll::shape& cs, int e, int p,
+                              const wire::ll::count_word& w, const deadline& dl) {
     if constexpr (via_proxy) {
-      const wire::ll::rma_write recs = wire::ll::records_write(shape_, plan_, p, rank_, e, w.count);
+      const wire::ll::rma_write recs = wire::ll::records_write(cs, plan_, p, rank_, e, w.count);
       if (!link_.direct(recs.peer) && w.count > 0)
         link_.put(p, recs.peer, recs.local, recs.remote, recs.bytes, dl);
     }
@@ -472,20 +491,20 @@ class low_latency_buffer {
   // Tells every peer, through the count words this rank owes it, that this
   // call is rejected and why. No record moves.
   void send_rejection(int p, std::uint64_t epoch, const std::string& cause,
-                      wire::ll::reject_kind kind, const deadline& dl) {
+                      wire::ll::reject_kind kind, std::uint8_t wire_id, const deadline& dl) {
     wire::ll::reject_record rec{};
     rec.epoch = epoch;
     std::strncpy(rec.cause, cause.c_str(), sizeof(rec.cause) - 1);
     if constexpr (via_proxy)
       std::memcpy(link_.local(wire::ll::reject_write(shape_, plan_, p, rank_, kind, rank_).local),
                   &rec, sizeof rec);
-    const wire::ll::count_word w{epoch, 0, wire::ll::state::rejected};
+    const wire::ll::count_word w{epoch, 0, wire::ll::state::rejected, wire_id};
     for (int r = 0; r < world_; ++r) {
       if (lost_[r]) continue;
       write(p, wire::ll::reject_write(shape_, plan_, p, rank_, kind, r), &rec, dl);
       if (kind == wire::ll::reject_kind::dispatch)
         for (int le = 0; le < shape_.local_experts(); ++le)
-          publish_dispatch_count(r * shape_.local_experts() + le, p, w, dl);
+          publish_dispatch_count(shape_, r * shape_.local_experts() + le, p, w, dl);
       else
         publish_combine_count(r, p, w, dl);
     }
@@ -514,15 +533,17 @@ class low_latency_buffer {
   }
 
   // Copies the n records of region (local expert le, source s) into rows
-  // [begin, begin + n) of le's packed outputs.
+  // [begin, begin + n) of le's packed outputs, on wire W.
+  template <class W>
   void unpack(int p, int le, int s, int n, int begin) {
-    const std::size_t rb = wire::ll::record_bytes(shape_);
+    const wire::ll::shape cs = wire::ll::call_shape<W>(shape_);
+    const std::size_t rb = wire::ll::record_bytes(cs);
     const std::size_t h = static_cast<std::size_t>(shape_.hidden);
     const std::size_t first =
         static_cast<std::size_t>(le) * shape_.rows_per_expert() + static_cast<std::size_t>(begin);
     const std::byte* rec = local<const std::byte>(p, plan_.dispatch_recv) +
                            wire::ll::record_index(shape_, le, s, 0) * rb;
-    Wire* x = local<Wire>(p, plan_.recv_x) + first * h;
+    W* x = local<W>(p, plan_.recv_x) + first * h;
     wire::ll::source* src = local<wire::ll::source>(p, plan_.recv_src) + first;
     for (int i = 0; i < n; ++i, rec += rb) {
       wire::ll::record_header hdr;
@@ -532,15 +553,16 @@ class low_latency_buffer {
       if (hdr.src.rank != s || hdr.src.token < 0 || hdr.src.token >= shape_.max_tokens_per_rank ||
           hdr.src.topk_slot < 0 || hdr.src.topk_slot >= shape_.max_topk)
         protocol_error(dispatch_op, cuda::ll_failure::record_source, s, 0, 0, i, hdr.src);
-      std::memcpy(x + i * h, rec + sizeof hdr, h * sizeof(Wire));
-      if (shape_.has_scales)
-        wire::ll::store_scales(shape_, local<std::byte>(p, plan_.recv_scales), le, begin + i,
-                               rec + wire::ll::scales_offset(shape_), 0, 1);
+      std::memcpy(x + i * h, rec + sizeof hdr, h * sizeof(W));
+      if constexpr (token_traits<W>::has_scales)
+        wire::ll::store_scales(cs, local<std::byte>(p, plan_.recv_scales), le, begin + i,
+                               rec + wire::ll::scales_offset(cs), 0, 1);
       src[i] = hdr.src;
     }
   }
 
-  dispatch_result receive_dispatch(int p, std::uint64_t epoch) {
+  template <class W>
+  ll_dispatch_result<W> receive_dispatch(int p, std::uint64_t epoch) {
     ensure_usable(dispatch_op);
     parity_state& st = parity_[p];
     if (!st.dispatch_pending || st.dispatch_epoch != epoch)
@@ -553,6 +575,7 @@ class low_latency_buffer {
     auto* recv_count = local<std::int32_t>(p, plan_.recv_count);
     std::fill_n(recv_count, el, 0);
     int rejecting = -1;
+    std::optional<cuda::ll_report> other_wire;  // the first source that dispatched another wire
     std::optional<error> failure;
     guarded([&] {
       // Source by source, so that a source's records are packed while later
@@ -578,17 +601,28 @@ class low_latency_buffer {
             if (rejecting < 0) rejecting = s;
             continue;
           }
+          if (w.wire != token_traits<W>::id) {  // records laid out otherwise: not read
+            if (!other_wire) {
+              other_wire.emplace();
+              cuda::wire_mismatch_report(*other_wire, s, token_traits<W>::id, w.wire);
+            }
+            continue;
+          }
           if (w.count < 0 || w.count > max)
             protocol_error(dispatch_op, cuda::ll_failure::count_range, s, max, w.count);
-          if (rejecting >= 0 || !st.dispatch_ok) continue;  // the call fails: only drain
+          if (rejecting >= 0 || other_wire || !st.dispatch_ok) continue;  // the call fails: drain
           ranges[static_cast<std::size_t>(le) * world_ + s] = {recv_count[le], w.count};
-          unpack(p, le, s, w.count, recv_count[le]);
+          unpack<W>(p, le, s, w.count, recv_count[le]);
           recv_count[le] += w.count;
         }
       }
-      if (!st.dispatch_ok || rejecting >= 0)
+      if (!st.dispatch_ok || rejecting >= 0) {
         failure.emplace(rejection(dispatch_op, p, epoch, wire::ll::reject_kind::dispatch,
                                   st.dispatch_ok, rejecting));
+      } else if (other_wire) {
+        other_wire->op = cuda::ll_op::dispatch;
+        failure.emplace(cuda::to_error(*other_wire, rank_));
+      }
       // Every record of this parity has been read: sources may write it again.
       for (int r = 0; r < world_; ++r)
         if (!lost_[r]) link_.signal(p, r, wire::ll::released_signal(shape_, p, rank_), dl);
@@ -600,9 +634,9 @@ class low_latency_buffer {
     }
     for (int le = 0; le < el; ++le) stats_.recv_tokens_per_expert[le] += recv_count[le];
     const std::size_t rows = rows_total();
-    dispatch_result res;
-    res.recv_x = {local<const Wire>(p, plan_.recv_x), rows * shape_.hidden};
-    if constexpr (token_traits<Wire>::has_scales) {
+    ll_dispatch_result<W> res;
+    res.recv_x = {local<const W>(p, plan_.recv_x), rows * shape_.hidden};
+    if constexpr (token_traits<W>::has_scales) {
       const std::size_t words = wire::ll::recv_scales_words(shape_);
       if (shape_.scale_layout == ll_scale_layout::ue8m0)
         res.recv_x_scales_ue8m0 = {local<const std::int32_t>(p, plan_.recv_scales), words};
@@ -635,7 +669,8 @@ class low_latency_buffer {
     }
     for (int s = 0; s < world_; ++s)
       if (!lost_[s])
-        publish_combine_count(s, p, {epoch, rows_to_rank_[s], wire::ll::state::ok}, dl);
+        publish_combine_count(
+            s, p, {epoch, rows_to_rank_[s], wire::ll::state::ok, token_traits<bf16>::id}, dl);
   }
 
   // RMA path: the proxy puts combine rows from combine_send, where the caller

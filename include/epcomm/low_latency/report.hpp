@@ -15,6 +15,7 @@
 
 #include "epcomm/core/config.hpp"
 #include "epcomm/core/error.hpp"
+#include "epcomm/core/token_types.hpp"
 #include "epcomm/core/wire_basics.hpp"
 #include "epcomm/low_latency/wire.hpp"
 #include "epcomm/proxy/device_report_errors.hpp"
@@ -32,6 +33,9 @@ enum class ll_failure : std::int32_t {
   count_range,    // peer announced `seen` records, at most `expected` fit
   record_source,  // record `index` of peer's region names (src_rank, src_token, src_slot)
   rows_mismatch,  // peer returned `seen` rows, `expected` were dispatched there
+  // Peer dispatched wire `seen` where this rank dispatched `expected`
+  // (token_traits ids): the call fails, the buffer serves the next.
+  wire_mismatch,
   // Rank src_rank gave up on a breaking failure it blamed on `peer` (itself
   // when the two are equal) and told this rank: the abort relay.
   peer_aborted,
@@ -82,7 +86,8 @@ static_assert(std::is_trivially_copyable_v<ll_report> && std::is_standard_layout
 // peers anywhere in the protocol: the buffer cannot be used again, as in the
 // host engine (whose `guarded` marks it broken).
 EPCOMM_HD constexpr bool ll_breaks_buffer(ll_failure f) {
-  return f != ll_failure::none && f != ll_failure::invalid_input && f != ll_failure::peer_rejected;
+  return f != ll_failure::none && f != ll_failure::invalid_input &&
+         f != ll_failure::peer_rejected && f != ll_failure::wire_mismatch;
 }
 
 // The epcomm::error the host engine throws for the same situation.
@@ -119,6 +124,10 @@ inline error to_error(const ll_report& r, int rank) {
     case ll_failure::rows_mismatch:
       return error(rank, op, r.peer,
                    mismatch + n(r.seen) + " rows returned, " + n(r.expected) + " dispatched there");
+    case ll_failure::wire_mismatch:
+      return error(rank, op, r.peer,
+                   "that rank dispatched " + std::string(token_type_name(r.seen)) +
+                       " records, this rank " + std::string(token_type_name(r.expected)));
     case ll_failure::peer_aborted:
       return proxy::device_saw_abort(rank, op, r.src_rank, r.peer, ll_waited_for_text(r.what));
     case ll_failure::proxy:

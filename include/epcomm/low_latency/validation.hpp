@@ -9,6 +9,7 @@
 // it together.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -28,21 +29,23 @@ namespace epcomm {
 // when not empty, rejects this rank's config for a reason only it can see
 // (e.g. its device's shared memory). `can_mask_lost_ranks` says whether the
 // caller's engine and transport implement cfg.mask_lost_ranks; where they do
-// not, asking for it fails every rank rather than being ignored.
-template <class Wire, bootstrap B>
-wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
-                               std::chrono::milliseconds timeout,
-                               const std::string& local_cause = {},
-                               bool can_mask_lost_ranks = false) {
+// not, asking for it fails every rank rather than being ignored. `Wires` are
+// the wires the buffer serves: the shape's record is as wide as the widest,
+// with scales if fp8 is among them, and every rank must serve the same ones.
+template <class... Wires, bootstrap B>
+requires(sizeof...(Wires) > 0) wire::ll::shape
+    agree_ll_shape(B& boot, const low_latency_config& cfg, std::chrono::milliseconds timeout,
+                   const std::string& local_cause = {}, bool can_mask_lost_ranks = false) {
   struct config_record {
     std::int32_t valid;
     std::int32_t num_experts, hidden, max_topk, max_tokens_per_rank, round_scale;
-    std::int32_t wire_id;
+    std::int32_t wire_ids;  // a bit per served wire's token_traits id
     std::int32_t mask_lost_ranks;
     std::int32_t scale_layout;
   };
   const int world = boot.world_size();
-  constexpr bool fp8 = token_traits<Wire>::has_scales;
+  constexpr bool fp8 = (token_traits<Wires>::has_scales || ...);
+  constexpr int wire_bytes = static_cast<int>(std::max({sizeof(Wires)...}));
   config_checks checks;
   checks.need_experts_per_rank(cfg.num_experts, world);
   checks.need(cfg.hidden > 0, "hidden must be > 0");
@@ -74,14 +77,14 @@ wire::ll::shape agree_ll_shape(B& boot, const low_latency_config& cfg,
                            cfg.max_topk,
                            cfg.max_tokens_per_rank,
                            cfg.round_scale ? 1 : 0,
-                           token_traits<Wire>::id,
+                           ((std::int32_t{1} << token_traits<Wires>::id) | ...),
                            cfg.mask_lost_ranks ? 1 : 0,
                            static_cast<std::int32_t>(cfg.scale_layout)};
   agree_config(boot, mine, checks.cause(), timeout, "low_latency_buffer",
                "num_experts, hidden, max_topk, max_tokens_per_rank, round_scale, "
-               "mask_lost_ranks, scale_layout and wire type");
+               "mask_lost_ranks, scale_layout and wire types");
   return wire::ll::shape{world,        cfg.num_experts,         cfg.hidden,
-                         cfg.max_topk, cfg.max_tokens_per_rank, static_cast<int>(sizeof(Wire)),
+                         cfg.max_topk, cfg.max_tokens_per_rank, wire_bytes,
                          fp8,          cfg.scale_layout};
 }
 

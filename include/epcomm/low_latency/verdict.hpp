@@ -24,17 +24,24 @@ enum class ll_word : std::int32_t {
   wrong_epoch,   // protocol: a word from another call
   out_of_range,  // protocol: more records than a region holds
   wrong_rows,    // protocol: not the rows this rank dispatched to the sender
+  // The sender dispatched another wire than this rank (a buffer serving
+  // both): its records are not read, and the call fails on every rank, as a
+  // rejection does, with the buffer still usable.
+  wrong_wire,
 };
 
 EPCOMM_HD constexpr bool is_protocol_violation(ll_word w) {
-  return w != ll_word::ok && w != ll_word::rejected;
+  return w != ll_word::ok && w != ll_word::rejected && w != ll_word::wrong_wire;
 }
 
-// A dispatch count word of call `epoch`: at most max_tokens records fit a region.
+// A dispatch count word of call `epoch` for a receiver dispatching wire
+// `wire` (token_traits id): at most max_tokens records fit a region.
 EPCOMM_HD constexpr ll_word classify_dispatch_word(const wire::ll::count_word& w,
-                                                   std::uint64_t epoch, int max_tokens) {
+                                                   std::uint64_t epoch, int max_tokens,
+                                                   std::uint8_t wire) {
   if (w.epoch != epoch) return ll_word::wrong_epoch;
   if (w.status == wire::ll::state::rejected) return ll_word::rejected;
+  if (w.wire != wire) return ll_word::wrong_wire;
   if (w.count < 0 || w.count > max_tokens) return ll_word::out_of_range;
   return ll_word::ok;
 }
@@ -52,16 +59,19 @@ EPCOMM_HD constexpr ll_word classify_combine_word(const wire::ll::count_word& w,
 }
 
 // What a scan of count words found: the first protocol violation in the host
-// engine's order (its index, -1 for none) and the first rejecting rank.
+// engine's order (its index, -1 for none), the first rejecting rank and the
+// first word of another wire (its index).
 struct ll_scan {
   int first_violation = -1;
   int first_rejecting = -1;
+  int first_other_wire = -1;
 };
 
 // Sequential accumulation, for callers that read words in order.
 EPCOMM_HD constexpr void note_word(ll_scan& scan, int index, int sender, ll_word w) {
   if (is_protocol_violation(w) && scan.first_violation < 0) scan.first_violation = index;
   if (w == ll_word::rejected && scan.first_rejecting < 0) scan.first_rejecting = sender;
+  if (w == ll_word::wrong_wire && scan.first_other_wire < 0) scan.first_other_wire = index;
 }
 
 EPCOMM_HD inline void copy_cause(char* out, const char* in) {
@@ -93,6 +103,7 @@ EPCOMM_HD inline void violation_report(ll_report& r, ll_word w, const wire::ll::
       break;
     case ll_word::ok:
     case ll_word::rejected:
+    case ll_word::wrong_wire:  // not a violation: wire_mismatch_report
       break;
   }
 }
@@ -118,26 +129,46 @@ EPCOMM_HD inline void rejection_report(ll_report& r, const wire::ll::reject_reco
 
 // Whether a scan ends the call with an error at all.
 EPCOMM_HD constexpr bool call_failed(const ll_scan& scan, bool self_ok) {
-  return scan.first_violation >= 0 || scan.first_rejecting >= 0 || !self_ok;
+  return scan.first_violation >= 0 || scan.first_rejecting >= 0 || scan.first_other_wire >= 0 ||
+         !self_ok;
 }
 
-// The verdict of a dispatch receive phase: words [E_local][R] of parity p,
-// rejects [2][R] of the same parity. r.code stays none when the call went
-// through. `scan` may come from a parallel reading of the same words.
+// The report of a dispatch whose sender `peer` moved wire `seen` where this
+// rank moved `expected` (token_traits ids).
+EPCOMM_HD inline void wire_mismatch_report(ll_report& r, int peer, std::uint8_t expected,
+                                           std::uint8_t seen) {
+  r.code = ll_failure::wire_mismatch;
+  r.peer = peer;
+  r.expected = expected;
+  r.seen = seen;
+}
+
+// The verdict of a dispatch receive phase of wire `wire`: words [E_local][R]
+// of parity p, rejects [2][R] of the same parity. r.code stays none when the
+// call went through. `scan` may come from a parallel reading of the same
+// words. Rejections come before another wire: a rejecting rank's words say
+// nothing of its records.
 EPCOMM_HD inline void dispatch_verdict(const ll_scan& scan, const wire::ll::count_word* words,
                                        const wire::ll::reject_record* rejects, int local_experts,
                                        int world, int rank, std::uint64_t epoch, int max_tokens,
-                                       bool self_ok, ll_report& r) {
+                                       std::uint8_t wire, bool self_ok, ll_report& r) {
   r.op = ll_op::dispatch;
+  // Index order is the host engine's: source-major, then local expert.
+  const auto word_at = [&](int index) -> const wire::ll::count_word& {
+    return words[(index % local_experts) * world + index / local_experts];
+  };
   if (scan.first_violation >= 0) {
-    // Index order is the host engine's: source-major, then local expert.
-    const int s = scan.first_violation / local_experts;
-    const int le = scan.first_violation % local_experts;
-    const wire::ll::count_word& w = words[le * world + s];
-    violation_report(r, classify_dispatch_word(w, epoch, max_tokens), w, s, epoch, max_tokens);
+    const wire::ll::count_word& w = word_at(scan.first_violation);
+    violation_report(r, classify_dispatch_word(w, epoch, max_tokens, wire), w,
+                     scan.first_violation / local_experts, epoch, max_tokens);
     return;
   }
-  if (scan.first_rejecting < 0 && self_ok) return;
+  if (scan.first_rejecting < 0 && self_ok) {
+    if (scan.first_other_wire >= 0)
+      wire_mismatch_report(r, scan.first_other_wire / local_experts, wire,
+                           word_at(scan.first_other_wire).wire);
+    return;
+  }
   const int culprit = self_ok ? scan.first_rejecting : rank;
   rejection_report(r, rejects[static_cast<int>(wire::ll::reject_kind::dispatch) * world + culprit],
                    epoch, self_ok, rank, scan.first_rejecting);
@@ -166,12 +197,13 @@ EPCOMM_HD inline void combine_verdict(const ll_scan& scan, const wire::ll::count
 // Sequential scans, in the host engine's order (used on the host; the kernels
 // compute the same ll_scan in parallel).
 EPCOMM_HD inline ll_scan scan_dispatch_words(const wire::ll::count_word* words, int local_experts,
-                                             int world, std::uint64_t epoch, int max_tokens) {
+                                             int world, std::uint64_t epoch, int max_tokens,
+                                             std::uint8_t wire) {
   ll_scan scan;
   for (int s = 0; s < world; ++s)
     for (int le = 0; le < local_experts; ++le)
       note_word(scan, s * local_experts + le, s,
-                classify_dispatch_word(words[le * world + s], epoch, max_tokens));
+                classify_dispatch_word(words[le * world + s], epoch, max_tokens, wire));
   return scan;
 }
 

@@ -49,7 +49,7 @@ namespace epcomm::wire::ll {
 inline constexpr int parities = 2;
 inline constexpr int scale_block = 128;  // channels per fp8 scale
 
-enum class state : std::int32_t { ok = 0, rejected = 1 };
+enum class state : std::uint8_t { ok = 0, rejected = 1 };
 
 // Where a received token came from: enough for combine to send the expert's
 // output back to slot (token, topk_slot) of rank `rank`.
@@ -68,12 +68,18 @@ struct range {
 
 // Published by a source for one region (dispatch: per (local expert, source)
 // at the receiver; combine: per expert rank at the source) before its signal.
-// `epoch` lets the reader check it is this call's word.
+// `epoch` lets the reader check it is this call's word; `wire` that the
+// region holds what the reader expects: a buffer serving both wires lays a
+// call's records out in that call's wire, so a receiver that dispatched bf16
+// must not read a peer's fp8 records as bf16 ones.
 struct count_word {
   std::uint64_t epoch;
   std::int32_t count;  // records (dispatch) or rows (combine) written
   state status;        // rejected: no records; the reject record says why
+  std::uint8_t wire;   // token_traits id: the records' wire, or bf16 for combine rows
+  std::uint16_t pad = 0;
 };
+static_assert(sizeof(count_word) == 16);
 
 // Why a rank rejected a call, written before the count words that say so.
 // 16-byte aligned: kernels copy it with 16-byte vectors, from shared memory too.
@@ -93,7 +99,10 @@ struct record_header {
 };
 static_assert(sizeof(record_header) == 16);
 
-// The sizes a buffer is built with; identical on every rank (checked).
+// The sizes a buffer is built with; identical on every rank (checked). A
+// buffer serving both wires is built with wire_bytes 2 and scales, a record
+// as wide as either wire's; each call reads and writes its regions in its own
+// wire's layout (call_shape), which fits within.
 struct shape {
   int world_size;
   int num_experts;
@@ -109,6 +118,15 @@ struct shape {
   EPCOMM_HD constexpr int rows_per_expert() const { return world_size * max_tokens_per_rank; }
   EPCOMM_HD constexpr int scales_per_token() const { return has_scales ? hidden / scale_block : 0; }
 };
+
+// The shape one call lays its records and outputs out with: the buffer's,
+// with the call's wire. Region offsets still come from the buffer's plan.
+template <class Wire>
+EPCOMM_HD constexpr shape call_shape(shape s) {
+  s.wire_bytes = static_cast<int>(sizeof(Wire));
+  s.has_scales = token_traits<Wire>::has_scales;
+  return s;
+}
 
 // recv_x_scales in the shape's layout (low_latency/scale_layout.hpp): 32-bit
 // words per token (floats, or four exponent bytes for ue8m0), and the stride

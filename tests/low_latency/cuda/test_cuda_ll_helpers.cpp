@@ -365,9 +365,10 @@ TEST_CASE("verdicts and slot order on the host engine's wire bytes match the eng
     const auto* words = region<wire::ll::count_word>(buf, p, plan.dispatch_counts);
     const auto* rejects = region<wire::ll::reject_record>(buf, p, plan.rejects);
     ll_report r{};
-    dispatch_verdict(scan_dispatch_words(words, el, world, res.handle.epoch, s.max_tokens_per_rank),
-                     words, rejects, el, world, rank, res.handle.epoch, s.max_tokens_per_rank, true,
-                     r);
+    constexpr std::uint8_t wire_id = token_traits<fp8_e4m3>::id;
+    dispatch_verdict(
+        scan_dispatch_words(words, el, world, res.handle.epoch, s.max_tokens_per_rank, wire_id),
+        words, rejects, el, world, rank, res.handle.epoch, s.max_tokens_per_rank, wire_id, true, r);
     if (r.code != ll_failure::none) return 1;
     for (int le = 0; le < el; ++le) {
       int begin = 0;
@@ -441,8 +442,9 @@ TEST_CASE("verdicts and slot order on the host engine's wire bytes match the eng
     const auto* qwords = region<wire::ll::count_word>(buf, q, plan.dispatch_counts);
     const auto* qrejects = region<wire::ll::reject_record>(buf, q, plan.rejects);
     r = {};
-    dispatch_verdict(scan_dispatch_words(qwords, el, world, 1, s.max_tokens_per_rank), qwords,
-                     qrejects, el, world, rank, 1, s.max_tokens_per_rank, rank != 2, r);
+    dispatch_verdict(scan_dispatch_words(qwords, el, world, 1, s.max_tokens_per_rank, wire_id),
+                     qwords, qrejects, el, world, rank, 1, s.max_tokens_per_rank, wire_id,
+                     rank != 2, r);
     if (engine.empty() || message(r, rank) != engine) {
       std::fprintf(stderr, "rank %d: engine '%s', verdict '%s'\n", rank, engine.c_str(),
                    message(r, rank).c_str());
@@ -480,17 +482,27 @@ TEST_CASE("verdicts and slot order on the host engine's wire bytes match the eng
 
 TEST_CASE("count words from another call or out of range are protocol violations") {
   const int world = 2, el = 2;
+  constexpr std::uint8_t bf16_id = token_traits<bf16>::id, fp8_id = token_traits<fp8_e4m3>::id;
   wire::ll::count_word words[el * world] = {};
-  for (auto& w : words) w = {5, 3, wire::ll::state::ok};
+  for (auto& w : words) w = {5, 3, wire::ll::state::ok, bf16_id};
   wire::ll::reject_record rejects[2 * world] = {};
   // Rank 0's verdict on the words and rejects as they stand, awaiting epoch 5
-  // with room for 8 records per source.
+  // of a bf16 dispatch with room for 8 records per source.
   auto verdict = [&] {
     ll_report r{};
-    dispatch_verdict(scan_dispatch_words(words, el, world, 5, 8), words, rejects, el, world, 0, 5,
-                     8, true, r);
+    dispatch_verdict(scan_dispatch_words(words, el, world, 5, 8, bf16_id), words, rejects, el,
+                     world, 0, 5, 8, bf16_id, true, r);
     return r;
   };
+  CHECK(verdict().code == ll_failure::none);
+  // A source that dispatched fp8 records fails the call without breaking the
+  // buffer: its records are not read.
+  words[1 * world + 1].wire = fp8_id;  // le 1, src 1
+  CHECK(message(verdict()) ==
+        "epcomm: rank 0: low-latency dispatch (peer 1): that rank dispatched fp8_e4m3 records, "
+        "this rank bf16");
+  CHECK_FALSE(ll_breaks_buffer(verdict().code));
+  words[1 * world + 1].wire = bf16_id;
   CHECK(verdict().code == ll_failure::none);
   // The host engine reads source-major: source 0's words come first, whatever
   // their local expert.
@@ -504,8 +516,9 @@ TEST_CASE("count words from another call or out of range are protocol violations
         "epcomm: rank 0: low-latency dispatch (peer 1): protocol mismatch: count word of epoch 4, "
         "expected 5");
   // A reject record from another call is a violation too, attributed to its sender.
-  words[0 * world + 1] = {5, 0, wire::ll::state::rejected};
-  words[1 * world + 1] = {5, 0, wire::ll::state::rejected};
+  // (A rejecting rank's words say nothing of its wire: rejection comes first.)
+  words[0 * world + 1] = {5, 0, wire::ll::state::rejected, fp8_id};
+  words[1 * world + 1] = {5, 0, wire::ll::state::rejected, fp8_id};
   rejects[1] = {4, "stale"};
   CHECK(message(verdict()) ==
         "epcomm: rank 0: low-latency dispatch (peer 1): protocol mismatch: reject record of epoch "
@@ -514,7 +527,8 @@ TEST_CASE("count words from another call or out of range are protocol violations
   CHECK(message(verdict()) ==
         "epcomm: rank 0: low-latency dispatch (peer 1): that rank rejected the call: stale");
 
-  wire::ll::count_word cw[world] = {{2, 4, wire::ll::state::ok}, {2, 1, wire::ll::state::ok}};
+  wire::ll::count_word cw[world] = {{2, 4, wire::ll::state::ok, bf16_id},
+                                    {2, 1, wire::ll::state::ok, bf16_id}};
   const int expected[world] = {4, 2};
   ll_report r{};
   combine_verdict(scan_combine_words(cw, world, 2, true, expected), cw, rejects, world, 0, 2, true,

@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(ll_threads)
       for (int le = 0; le < el; ++le)
         rows += ranges[static_cast<std::size_t>(le) * world + r].count;
     const wire::ll::count_word w{epoch, rows,
-                                 valid ? wire::ll::state::ok : wire::ll::state::rejected};
+                                 valid ? wire::ll::state::ok : wire::ll::state::rejected,
+                                 token_traits<bf16>::id};
     if (a.route.via_proxy != 0)
       *reinterpret_cast<wire::ll::count_word*>(
           ll_own_buffer(a) + wire::ll::combine_count_write(s, a.plan, p, rank, r).local) = w;

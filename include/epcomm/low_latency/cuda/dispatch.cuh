@@ -314,7 +314,8 @@ __global__ void __launch_bounds__(ll_threads)
     const int dst = e / per_rank;
     const int le = e % per_rank;
     const wire::ll::count_word w{epoch, valid ? total[e] : 0,
-                                 valid ? wire::ll::state::ok : wire::ll::state::rejected};
+                                 valid ? wire::ll::state::ok : wire::ll::state::rejected,
+                                 token_traits<Wire>::id};
     if (a.route.via_proxy != 0)
       *reinterpret_cast<wire::ll::count_word*>(
           ll_own_buffer(a) + wire::ll::dispatch_count_write(s, a.plan, p, rank, e).local) = w;
@@ -387,32 +388,35 @@ __device__ void unpack_record(const ll_args& a, int le, int src, int i, int row)
 // The last receive block, once every region was read: judges the call from
 // every count word (classified in parallel, in the host engine's order) and
 // records the verdict; updates the stats.
-__device__ inline void finish_dispatch(const ll_args& a, std::uint64_t epoch, bool self_ok) {
-  __shared__ int first_violation, first_rejecting, accepted;
+template <class Wire>
+__device__ void finish_dispatch(const ll_args& a, std::uint64_t epoch, bool self_ok) {
+  __shared__ int first_violation, first_rejecting, first_other_wire, accepted;
   const wire::ll::shape& s = a.shape;
   const int world = s.world_size;
   const int el = s.local_experts();
   const int rank = a.peers.rank;
   const auto* words =
       reinterpret_cast<const wire::ll::count_word*>(ll_region(a, rank, a.plan.dispatch_counts));
-  if (threadIdx.x == 0) first_violation = first_rejecting = INT_MAX;
+  if (threadIdx.x == 0) first_violation = first_rejecting = first_other_wire = INT_MAX;
   __syncthreads();
   for (int i = threadIdx.x; i < el * world; i += blockDim.x) {
     const int src = i / el;  // i = src * el + le: the host engine's order
     const int le = i % el;
-    const ll_word c = classify_dispatch_word(words[le * world + src], epoch, s.max_tokens_per_rank);
+    const ll_word c = classify_dispatch_word(words[le * world + src], epoch, s.max_tokens_per_rank,
+                                             token_traits<Wire>::id);
     if (is_protocol_violation(c)) atomicMin(&first_violation, i);
     if (c == ll_word::rejected) atomicMin(&first_rejecting, src);
+    if (c == ll_word::wrong_wire) atomicMin(&first_other_wire, i);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const ll_scan scan{first_violation == INT_MAX ? -1 : first_violation,
-                       first_rejecting == INT_MAX ? -1 : first_rejecting};
+    const auto found = [](int v) { return v == INT_MAX ? -1 : v; };
+    const ll_scan scan{found(first_violation), found(first_rejecting), found(first_other_wire)};
     ll_report r{};
     dispatch_verdict(
         scan, words,
         reinterpret_cast<const wire::ll::reject_record*>(ll_region(a, rank, a.plan.rejects)), el,
-        world, rank, epoch, s.max_tokens_per_rank, self_ok, r);
+        world, rank, epoch, s.max_tokens_per_rank, token_traits<Wire>::id, self_ok, r);
     accepted = r.code == ll_failure::none ? 1 : 0;
     if (!accepted) {
       ll_record(a.ws.rep, r, abort_link_of(a));
@@ -469,7 +473,8 @@ __global__ void __launch_bounds__(ll_threads)
           atomicMax(reinterpret_cast<unsigned long long*>(a.ws.wait_ns + src),
                     static_cast<unsigned long long>(waited));
         const wire::ll::count_word w = words[le * world + from];
-        const ll_word c = classify_dispatch_word(w, epoch, s.max_tokens_per_rank);
+        const ll_word c =
+            classify_dispatch_word(w, epoch, s.max_tokens_per_rank, token_traits<Wire>::id);
         if (c == ll_word::rejected)
           rejected = true;
         else if (c != ll_word::ok)
@@ -512,7 +517,7 @@ __global__ void __launch_bounds__(ll_threads)
   if (!ll_last_block(a.ws.blocks_done + kernel * wire::ll::parities + p)) return;
   // The verdict reads count words and reject records: before the release,
   // after which a source may write this parity's regions again.
-  finish_dispatch(a, epoch, self_ok);
+  finish_dispatch<Wire>(a, epoch, self_ok);
   __syncthreads();
   if (a.route.via_proxy != 0) {
     if (threadIdx.x == 0)
