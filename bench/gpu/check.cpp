@@ -12,7 +12,8 @@
 //   4. timing       dispatch and combine with CUDA events, against the
 //                   roofline and the NCCL baseline;
 //   5. low latency  correctness (ll_correctness.hpp, bf16 and fp8 wire,
-//                   against the reference and the host low-latency engine),
+//                   against the reference and the host low-latency engine;
+//                   both wires on one buffer, ll_wires.hpp),
 //                   the absent peer, and the timing of each phase;
 //   6. gpu-fed proxy  kernels that drive libfabric and UCX through the proxy
 //                   ring (proxy_check.hpp), and both modes' kernels over them
@@ -35,6 +36,7 @@
 #include "epcomm/bootstrap/local.hpp"
 #include "ll_correctness.hpp"
 #include "ll_timing.hpp"
+#include "ll_wires.hpp"
 #include "mixed_types.hpp"
 #include "timing.hpp"
 #if defined(EPCOMM_GPU_PROXY_LIBFABRIC) || defined(EPCOMM_GPU_PROXY_UCX)
@@ -219,6 +221,7 @@ int main(int argc, char** argv) {
               [&](local_bootstrap& b) { return check_ll_rank<bf16>(b, opt.quick); }));
     check(run("low-latency correctness fp8_e4m3", world,
               [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3>(b, opt.quick); }));
+    check(run("low-latency bf16 and fp8 on one buffer", world, check_ll_wires_rank<>));
     if (world >= 2)
       check(run("low-latency absent peer: deadline, then the abort relay", world,
                 check_ll_absent_peer<>));
@@ -248,6 +251,8 @@ int main(int argc, char** argv) {
       check(run("low-latency over libfabric fp8_e4m3", world,
                 [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3, fabric>(b, true); }));
       check(run("low-latency over libfabric: absent peer", world, check_ll_absent_peer<fabric>));
+      check(run("low-latency over libfabric: bf16 and fp8 on one buffer", world,
+                check_ll_wires_rank<fabric>));
     }
 #endif
 #if defined(EPCOMM_GPU_PROXY_UCX)

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "correctness.hpp"
@@ -33,17 +34,18 @@ namespace epcomm::gpu_check {
 
 // Link: the device engine's transport, nvlink_ipc or (through the GPU-fed
 // proxy) libfabric / UCX.
-template <class Wire, class Link>
-using ll_device_engine = cuda::low_latency_device_buffer<Link, Wire>;
-template <class Wire>
-using ll_host_engine = low_latency_buffer<shm::transport, Wire>;
+template <class Wire, class Link, class... More>
+using ll_device_engine = cuda::low_latency_device_buffer<Link, Wire, More...>;
+template <class Wire, class... More>
+using ll_host_engine = low_latency_buffer<shm::transport, Wire, More...>;
 
-// Both engines of one rank, built from one config, and the stream the
-// device engine uses.
-template <class Wire, class Link>
+// Both engines of one rank, built from one config, serving Wire and More,
+// and the stream the device engine uses.
+template <class Wire, class Link, class... More>
 struct ll_engines {
-  ll_device_engine<Wire, Link> dev;
-  ll_host_engine<Wire> host;
+  using first_wire = Wire;  // what a check moves when not told
+  ll_device_engine<Wire, Link, More...> dev;
+  ll_host_engine<Wire, More...> host;
   cudaStream_t stream;
   int rank;
 
@@ -137,12 +139,16 @@ std::string compare_dispatch(const ll_dispatch_result<Wire>& h, const ll_snapsho
   return {};
 }
 
+// The wire a check moves: W when named, else the engines' first.
+template <class W, class Engines>
+using call_wire = std::conditional_t<std::is_void_v<W>, typename Engines::first_wire, W>;
+
 // Parity p's region at `offset` of both engines' buffers, `bytes` long.
 // (Over an RMA transport the device engine's parities also hold staging,
 // so its parity 1 starts further on.)
-template <class Wire, class Link>
-std::pair<std::vector<std::byte>, const std::byte*> regions(ll_engines<Wire, Link>& e, int p,
-                                                            std::size_t offset, std::size_t bytes) {
+template <class Engines>
+std::pair<std::vector<std::byte>, const std::byte*> regions(Engines& e, int p, std::size_t offset,
+                                                            std::size_t bytes) {
   const std::size_t host_at = wire::ll::parity_base(wire::ll::plan_buffer(e.shape()), p) + offset;
   const std::size_t dev_at = wire::ll::parity_base(e.dev.plan(), p) + offset;
   return {device_array<std::byte>::read(e.dev.local_device_buffer() + dev_at, bytes),
@@ -151,11 +157,11 @@ std::pair<std::vector<std::byte>, const std::byte*> regions(ll_engines<Wire, Lin
 
 // The wire format itself, as written into this rank by its peers: the count
 // words of dispatch parity p and the meaningful bytes (header, payload,
-// scales) of every record they announce.
-template <class Wire, class Link>
-std::string compare_dispatch_wire(ll_engines<Wire, Link>& e, int p) {
-  const wire::ll::shape& s = e.shape();
-  const wire::ll::plan plan = wire::ll::plan_buffer(s);
+// scales) of every record they announce, laid out in the call's wire.
+template <class Wire, class Engines>
+std::string compare_dispatch_wire(Engines& e, int p) {
+  const wire::ll::shape s = wire::ll::call_shape<Wire>(e.shape());
+  const wire::ll::plan plan = wire::ll::plan_buffer(e.shape());
   const std::size_t nwords = static_cast<std::size_t>(s.local_experts()) * s.world_size;
   const auto [dev_words, host_words] =
       regions(e, p, plan.dispatch_counts, nwords * sizeof(wire::ll::count_word));
@@ -177,8 +183,8 @@ std::string compare_dispatch_wire(ll_engines<Wire, Link>& e, int p) {
   return {};
 }
 
-template <class Wire, class Link>
-std::string compare_combine_wire(ll_engines<Wire, Link>& e, int p) {
+template <class Engines>
+std::string compare_combine_wire(Engines& e, int p) {
   const wire::ll::plan plan = wire::ll::plan_buffer(e.shape());
   const auto [dev_words, host_words] =
       regions(e, p, plan.combine_counts, e.shape().world_size * sizeof(wire::ll::count_word));
@@ -210,10 +216,10 @@ ll_dispatch_input host_input(const ll_flight<Wire>& f, int rank) {
 
 // Checks a received dispatch against the reference, the host engine and the
 // wire, then prepares the expert outputs (the same on both engines).
-template <class Wire, class Link>
-std::string after_dispatch(ll_engines<Wire, Link>& e, ll_flight<Wire>& f) {
+template <class Wire, class Engines>
+std::string after_dispatch(Engines& e, ll_flight<Wire>& f) {
   e.dev.synchronize(e.stream);
-  const wire::ll::shape& s = e.shape();
+  const wire::ll::shape s = wire::ll::call_shape<Wire>(e.shape());
   const ll_snapshot<Wire> d(f.dres, s);
   if (auto err = test::check_ll_dispatch(f.call, e.rank, s.world_size, s.max_tokens_per_rank,
                                          e.round, d.view(), s.scale_layout);
@@ -222,7 +228,7 @@ std::string after_dispatch(ll_engines<Wire, Link>& e, ll_flight<Wire>& f) {
   if (auto err = compare_dispatch(f.hres, d, s); !err.empty())
     return "dispatch vs host engine: " + err;
   if (f.dres.handle.parity != f.hres.handle.parity) return "the engines used different parities";
-  if (auto err = compare_dispatch_wire(e, f.hres.handle.parity); !err.empty()) return err;
+  if (auto err = compare_dispatch_wire<Wire>(e, f.hres.handle.parity); !err.empty()) return err;
 
   const std::size_t n =
       static_cast<std::size_t>(s.local_experts()) * s.rows_per_expert() * s.hidden;
@@ -244,8 +250,8 @@ std::string after_dispatch(ll_engines<Wire, Link>& e, ll_flight<Wire>& f) {
   return {};
 }
 
-template <class Wire, class Link>
-cuda::ll_device_combine_input device_combine(ll_engines<Wire, Link>& e, const ll_flight<Wire>& f) {
+template <class Wire, class Engines>
+cuda::ll_device_combine_input device_combine(Engines& e, const ll_flight<Wire>& f) {
   return {f.zero_copy ? e.dev.combine_send_buffer(f.dres.handle) : f.dy.data(),
           f.din.topk_idx.data(), f.din.topk_weights.data()};
 }
@@ -255,9 +261,9 @@ ll_combine_input host_combine(const ll_flight<Wire>& f, int rank) {
   return {f.hy, f.call.in[rank].topk_idx, f.call.in[rank].topk_weights};
 }
 
-template <class Wire, class Link>
-std::string after_combine(ll_engines<Wire, Link>& e, const ll_flight<Wire>& f,
-                          std::span<const bf16> hout, const bf16* dout) {
+template <class Wire, class Engines>
+std::string after_combine(Engines& e, const ll_flight<Wire>& f, std::span<const bf16> hout,
+                          const bf16* dout) {
   e.dev.synchronize(e.stream);
   const std::size_t n = static_cast<std::size_t>(f.call.tokens[e.rank]) * e.shape().hidden;
   const auto got = device_array<bf16>::read(dout, n);
@@ -267,13 +273,14 @@ std::string after_combine(ll_engines<Wire, Link>& e, const ll_flight<Wire>& f,
   return compare_combine_wire(e, f.hres.handle.parity);
 }
 
-// One dispatch and combine on both engines, one-shot.
-template <class Wire, class Link>
-std::string run_ll_call(ll_engines<Wire, Link>& e, const test::ll_call& call, bool zero_copy,
-                        int misalign = 0) {
+// One dispatch on wire W (the engines' first unless named) and combine on
+// both engines, one-shot.
+template <class W = void, class Engines>
+std::string run_ll_call(Engines& e, const test::ll_call& call, bool zero_copy, int misalign = 0) {
+  using Wire = call_wire<W, Engines>;
   ll_flight<Wire> f(call, e.rank, zero_copy, misalign);
-  f.hres = e.host.low_latency_dispatch(host_input(f, e.rank));
-  f.dres = e.dev.dispatch(f.din.dispatch(), e.stream);
+  f.hres = e.host.template low_latency_dispatch<Wire>(host_input(f, e.rank));
+  f.dres = e.dev.template dispatch<Wire>(f.din.dispatch(), e.stream);
   if (auto err = after_dispatch(e, f); !err.empty()) return err;
   const auto hout = e.host.low_latency_combine(host_combine(f, e.rank), f.hres.handle);
   const bf16* dout = e.dev.combine(device_combine(e, f), f.dres.handle, e.stream).out;
@@ -314,16 +321,20 @@ std::string check_ll_call_stream(ll_engines<Wire, Link>& e, const test::ll_call&
 
 // Two calls in flight with split phases: both sends, then the receives in
 // reverse order, on both engines.
-template <class Wire, class Link>
-std::string run_ll_two_in_flight(ll_engines<Wire, Link>& e, const test::ll_call& a,
-                                 const test::ll_call& b) {
-  ll_flight<Wire> fa(a, e.rank, true), fb(b, e.rank, false);
-  auto ha = e.host.low_latency_dispatch_send(host_input(fa, e.rank));
-  auto hb = e.host.low_latency_dispatch_send(host_input(fb, e.rank));
+// Two calls in flight, A on one parity on wire WA and B on the other on WB
+// (the engines' first unless named), each phase run in reverse order.
+template <class WA = void, class WB = WA, class Engines>
+std::string run_ll_two_in_flight(Engines& e, const test::ll_call& a, const test::ll_call& b) {
+  using A = call_wire<WA, Engines>;
+  using B = call_wire<WB, Engines>;
+  ll_flight<A> fa(a, e.rank, true);
+  ll_flight<B> fb(b, e.rank, false);
+  auto ha = e.host.template low_latency_dispatch_send<A>(host_input(fa, e.rank));
+  auto hb = e.host.template low_latency_dispatch_send<B>(host_input(fb, e.rank));
   fb.hres = hb();
   fa.hres = ha();
-  auto da = e.dev.dispatch_send(fa.din.dispatch(), e.stream);
-  auto db = e.dev.dispatch_send(fb.din.dispatch(), e.stream);
+  auto da = e.dev.template dispatch_send<A>(fa.din.dispatch(), e.stream);
+  auto db = e.dev.template dispatch_send<B>(fb.din.dispatch(), e.stream);
   fb.dres = db();
   fa.dres = da();
   if (auto err = after_dispatch(e, fa); !err.empty()) return "A: " + err;

@@ -13,6 +13,7 @@
 #include "correctness.hpp"
 #include "epcomm/bootstrap/local.hpp"
 #include "ll_correctness.hpp"
+#include "ll_wires.hpp"
 #include "mixed_types.hpp"
 
 namespace {
@@ -58,6 +59,9 @@ EPCOMM_LL_CASE(bf16, 2)
 EPCOMM_LL_CASE(bf16, 3)
 EPCOMM_LL_CASE(bf16, 4)
 EPCOMM_LL_CASE(fp8_e4m3, 2)
+
+// One buffer serving both wires, each call choosing its own (ll_wires.hpp).
+TEST_CASE("low-latency both wires on one buffer on 3 ranks") { on_ranks(3, check_ll_wires_rank<>); }
 
 // A block budget (max_blocks) below what the kernels would launch: the
 // minimum each mode needs and an odd one; every kernel then loops.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -16,6 +17,10 @@
 #include "epcomm/low_latency/wire.hpp"
 
 namespace epcomm {
+
+// What low-latency mode carries on the wire: bf16, or fp8 with one scale per 128 channels.
+template <class W>
+concept low_latency_wire = std::same_as<W, bf16> || std::same_as<W, fp8_e4m3>;
 
 // Sizes a low-latency buffer is built for; every rank passes the same values
 // (checked when the buffer is built).

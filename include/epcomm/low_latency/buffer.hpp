@@ -84,10 +84,6 @@
 
 namespace epcomm {
 
-// What low-latency mode carries on the wire: bf16, or fp8 with one scale per 128 channels.
-template <class W>
-concept low_latency_wire = std::same_as<W, bf16> || std::same_as<W, fp8_e4m3>;
-
 // Wire is what a dispatch moves when not told; More are further wires the
 // same buffer serves, each call choosing its own (DeepEP's per-call use_fp8):
 // low_latency_buffer<Transport, bf16, fp8_e4m3> sizes its records for the

@@ -114,8 +114,9 @@ struct ll_device_combine_input {
   const float* topk_weights = nullptr;     // [T][K]
 };
 
-template <device_buffer_transport Transport, class Wire = bf16>
-requires std::same_as<Wire, bf16> || std::same_as<Wire, fp8_e4m3>
+// Wire is what a dispatch moves when not told; More are further wires the
+// same buffer serves, each call choosing its own, as the host engine's.
+template <device_buffer_transport Transport, low_latency_wire Wire = bf16, low_latency_wire... More>
 class low_latency_device_buffer {
   static constexpr const char* dispatch_op = "low-latency dispatch";
   static constexpr const char* combine_op = "low-latency combine";
@@ -126,8 +127,10 @@ class low_latency_device_buffer {
   using dispatch_result = ll_device_dispatch_result<Wire>;
 
   // Launches a dispatch's receive phase; returned by dispatch_send.
-  using dispatch_hook =
-      receive_hook<low_latency_device_buffer, dispatch_result, int, std::uint64_t, cudaStream_t>;
+  template <class W>
+  using dispatch_hook_for = receive_hook<low_latency_device_buffer, ll_device_dispatch_result<W>,
+                                         int, std::uint64_t, cudaStream_t>;
+  using dispatch_hook = dispatch_hook_for<Wire>;
   // Launches a combine's receive phase and returns out[T][H] (a device
   // pointer); returned by combine_send.
   using combine_hook =
@@ -149,7 +152,8 @@ class low_latency_device_buffer {
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
         max_blocks_(cfg.max_blocks),
-        shape_(agree_ll_shape<Wire>(boot, cfg, setup_timeout_of(cfg), device_limits(cfg, world_))),
+        shape_(agree_ll_shape<Wire, More...>(boot, cfg, setup_timeout_of(cfg),
+                                             device_limits(cfg, world_))),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         // A channel per parity, and one for the abort relay.
         link_(boot, plan_.total, ll_device_signal_slots(shape_),
@@ -179,17 +183,22 @@ class low_latency_device_buffer {
   std::byte* local_device_buffer() { return local<std::byte>(0, 0); }
   Transport& transport() { return link_.transport(); }
 
-  // Both phases, on the stream `on` names (call_stream.hpp).
-  dispatch_result dispatch(const ll_device_dispatch_input& in, const call_stream& on = {}) {
+  // Both phases, on the stream `on` names (call_stream.hpp), on wire W (any
+  // served one; every rank of a call must dispatch the same).
+  template <one_of<Wire, More...> W = Wire>
+  ll_device_dispatch_result<W> dispatch(const ll_device_dispatch_input& in,
+                                        const call_stream& on = {}) {
     const cudaStream_t stream = calls_.enter(on, dispatch_op);
-    dispatch_result r = dispatch_send(in, stream)();
+    ll_device_dispatch_result<W> r = dispatch_send<W>(in, stream)();
     r.event = calls_.leave(on, stream, dispatch_op);
     return r;
   }
 
   // The send phase only; run the returned hook before the next dispatch on
   // this parity (the one after next).
-  dispatch_hook dispatch_send(const ll_device_dispatch_input& in, cudaStream_t stream = nullptr) {
+  template <one_of<Wire, More...> W = Wire>
+  dispatch_hook_for<W> dispatch_send(const ll_device_dispatch_input& in,
+                                     cudaStream_t stream = nullptr) {
     calls_.ensure_usable(dispatch_op);
     const int p = next_parity_;
     parity_state& st = parity_[p];
@@ -201,24 +210,28 @@ class low_latency_device_buffer {
         shape_, {in.num_tokens, in.topk, in.x != nullptr, in.topk_idx != nullptr});
     ll_args& a = st.dispatch_args;
     a = base_args(p, cause);
+    // The call's records and outputs in its own wire's layout, within the
+    // regions the plan sized for every served wire.
+    a.shape = wire::ll::call_shape<W>(shape_);
     // A rejected call moves nothing: the kernels read no input.
     a.num_tokens = cause.empty() ? in.num_tokens : 0;
     a.topk = cause.empty() ? in.topk : 0;
     a.x = in.x;
     a.topk_idx = in.topk_idx;
-    st.dispatch_kernels = kernels_for(ll_kernel_registry::dispatch(), token_traits<Wire>::id,
-                                      dispatch_op, aligned(in.x));
+    st.dispatch_kernels =
+        kernels_for<W>(ll_kernel_registry::dispatch(), dispatch_op, aligned(in.x));
     calls_.launch(dispatch_op, st.dispatch_kernels.send(a, stream));
     st.dispatch_pending = true;
     st.dispatch_accepted = cause.empty();
     st.num_tokens = a.num_tokens;
     st.topk = a.topk;
     if (!cause.empty() && !calls_.capturing(stream)) {
-      receive_dispatch(p, number, stream);
+      receive_dispatch<W>(p, number, stream);
       finish(stream, dispatch_op);  // throws the rejection every rank now sees
       throw error(rank_, dispatch_op, no_peer, "internal: a rejected dispatch was not reported");
     }
-    return dispatch_hook(this, &low_latency_device_buffer::receive_dispatch, p, number, stream);
+    return dispatch_hook_for<W>(this, &low_latency_device_buffer::receive_dispatch<W>, p, number,
+                                stream);
   }
 
   // Where expert outputs for `h` can be written so that combine reads them in
@@ -264,8 +277,8 @@ class low_latency_device_buffer {
     a.topk_idx = in.topk_idx;
     a.topk_weights = in.topk_weights;
     a.out = out != nullptr ? out : local<bf16>(p, plan_.combine_out);
-    st.combine_kernels = kernels_for(ll_kernel_registry::combine(), token_traits<bf16>::id,
-                                     combine_op, aligned(in.y) && aligned(a.out));
+    st.combine_kernels = kernels_for<bf16>(ll_kernel_registry::combine(), combine_op,
+                                           aligned(in.y) && aligned(a.out));
     calls_.launch(combine_op, st.combine_kernels.send(a, stream));
     st.combine_pending = true;
     if (!cause.empty() && !calls_.capturing(stream)) {
@@ -334,23 +347,21 @@ class low_latency_device_buffer {
     ll_kernel_pair combine_kernels{};
   };
 
-  // Whether this device can stage a record in shared memory; the answer joins
-  // the collective config agreement, so every rank fails together.
+  // Whether this device can stage a record of every served wire in shared
+  // memory; the answer joins the collective config agreement, so every rank
+  // fails together.
   static std::string device_limits(const low_latency_config& cfg, int world) {
     if (cfg.num_experts < 1 || cfg.hidden < 1 || cfg.max_topk < 1 || world < 1) return {};
-    const wire::ll::shape s{world,
-                            cfg.num_experts,
-                            cfg.hidden,
-                            cfg.max_topk,
-                            cfg.max_tokens_per_rank,
-                            static_cast<int>(sizeof(Wire)),
-                            token_traits<Wire>::has_scales};
+    // Each wire's own record (call_shape sets the wire fields).
+    const wire::ll::shape s{
+        world, cfg.num_experts, cfg.hidden, cfg.max_topk, cfg.max_tokens_per_rank, 0, false};
     int device = 0, limit = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
             cudaSuccess)
       return "cannot query the current CUDA device";
-    const std::size_t need = ll_send_shared_bytes(s);
+    const std::size_t need = std::max({ll_send_shared_bytes(wire::ll::call_shape<Wire>(s)),
+                                       ll_send_shared_bytes(wire::ll::call_shape<More>(s))...});
     if (need > static_cast<std::size_t>(limit))
       return "hidden " + std::to_string(cfg.hidden) + " needs " + std::to_string(need) +
              " bytes of shared memory per block to stage a record; the device has " +
@@ -405,29 +416,33 @@ class low_latency_device_buffer {
     return a;
   }
 
-  ll_kernel_pair kernels_for(const ll_kernel_registry& registry, int wire_id, const char* op,
+  // The kernels of `registry` for wire W (combine: bf16 rows).
+  template <class W>
+  ll_kernel_pair kernels_for(const ll_kernel_registry& registry, const char* op,
                              bool vector_aligned) const {
+    constexpr int wire_id = token_traits<W>::id;
     ll_kernel_pair k{};
     if (!registry.find(wire_id, shape_.hidden, vector_aligned, k))
       throw error(rank_, op, no_peer,
                   "no CUDA kernels fit hidden " + std::to_string(shape_.hidden) +
                       " (instantiated: " + registry.describe(wire_id) +
                       "); link a .cu file that uses EPCOMM_CUDA_INSTANTIATE_LOW_LATENCY(epcomm::" +
-                      std::string(token_traits<Wire>::name) +
+                      std::string(token_traits<W>::name) +
                       ", 0) (epcomm/low_latency/cuda/instantiate.cuh)");
     return k;
   }
 
-  dispatch_result receive_dispatch(int p, std::uint64_t number, cudaStream_t stream) {
+  template <class W>
+  ll_device_dispatch_result<W> receive_dispatch(int p, std::uint64_t number, cudaStream_t stream) {
     calls_.ensure_usable(dispatch_op);
     parity_state& st = parity_[p];
     if (!st.dispatch_pending || st.dispatches != number)
       throw error(rank_, dispatch_op, no_peer, "this dispatch's receive hook already ran");
     calls_.launch(dispatch_op, st.dispatch_kernels.recv(st.dispatch_args, stream));
     st.dispatch_pending = false;
-    dispatch_result res;
-    res.recv_x = local<const Wire>(p, plan_.recv_x);
-    if constexpr (token_traits<Wire>::has_scales) {
+    ll_device_dispatch_result<W> res;
+    res.recv_x = local<const W>(p, plan_.recv_x);
+    if constexpr (token_traits<W>::has_scales) {
       if (shape_.scale_layout == ll_scale_layout::ue8m0)
         res.recv_x_scales_ue8m0 = local<const std::int32_t>(p, plan_.recv_scales);
       else
