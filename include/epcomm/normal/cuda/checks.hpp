@@ -64,7 +64,10 @@ inline std::string check_cached_dispatch_shape(const wire::capacity& cap, bool s
     return input_error_text(describe_foreign_handle, in.handle_rank, in.handle_world);
   if (!check_dispatch_bounds(cap, false, in.num_tokens, in.hidden, in.topk).empty())
     return input_error_text(describe_malformed_handle);
-  if (scaled && in.hidden % 128 != 0) return input_error_text(describe_unscaled_hidden, in.hidden);
+  // A shape some dispatch could have had: what the rows' own type adds.
+  if (auto bad = check_dispatch_bounds(cap, scaled, in.num_tokens, in.hidden, in.topk);
+      !bad.empty())
+    return bad;
   return check_row_pointers(scaled, in.num_tokens, in.has_x, in.has_scales);
 }
 
