@@ -43,7 +43,9 @@ void check_plan(const epcomm::wire::capacity& c) {
     require(starts[i] % epcomm::wire::alignment == 0);
     require(starts[i] <= starts[i + 1]);
   }
-  const std::size_t n = static_cast<std::size_t>(c.max_recv_tokens);
+  const std::size_t n = c.window_rows > 0
+                            ? static_cast<std::size_t>(c.world_size) * c.window_rows
+                            : static_cast<std::size_t>(c.max_recv_tokens);
   require(p.recv_x + n * c.max_hidden * c.token_bytes <= p.recv_scales);
   require(p.recv_src_idx + n * sizeof(std::int32_t) <= p.combine_x);
   require(p.notify_slot_bytes >= sizeof(epcomm::wire::notify_header));
@@ -100,7 +102,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                              tokens * std::min(topo.topk, topo.world_size),
                              1 + (topo.hidden & 3),
                              2,
-                             (topo.hidden % 128) == 0};
+                             (topo.hidden % 128) == 0,
+                             tokens % 4};  // 0: whole calls; else a window of rows per peer
   check_plan(cap);
   return 0;
 }

@@ -15,7 +15,7 @@ using namespace epcomm;
 namespace {
 
 // 2 ranks, 8 experts, hidden <= 256, topk <= 4, 8 tokens, 16 receivable rows.
-const wire::capacity cap{2, 8, 256, 4, 8, 16, 16, 2, 2, true};
+const wire::capacity cap{2, 8, 256, 4, 8, 16, 16, 2, 2, true, 0};
 
 struct tokens {
   int t, h, k;

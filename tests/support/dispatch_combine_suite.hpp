@@ -17,6 +17,7 @@
 #include <string>
 
 #include "support/async_case.hpp"
+#include "support/budget_case.hpp"
 #include "support/cached_dispatch_case.hpp"
 #include "support/run_case.hpp"
 
@@ -247,6 +248,15 @@ TEST_CASE_TEMPLATE_DEFINE(
   }
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a byte budget of 3 rows per peer: calls in rounds give the same bytes",
+                          T, dc_budget) {
+  using namespace epcomm;
+  EPCOMM_SUITE_CONTEXT(T);
+  const auto codes =
+      launch_local(3, [](local_bootstrap& boot) { return test::check_byte_budget<T>(boot); });
+  CHECK(test::all_ok(codes, "byte budget"));
+}
+
 TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks: built over shm, refused on every rank elsewhere", T,
                           dc_mask_option) {
   using namespace epcomm;
@@ -286,4 +296,5 @@ TEST_CASE_TEMPLATE_DEFINE("mask_lost_ranks: built over shm, refused on every ran
   TEST_CASE_TEMPLATE_INVOKE(dc_token_types, T);     \
   TEST_CASE_TEMPLATE_INVOKE(dc_async, T);           \
   TEST_CASE_TEMPLATE_INVOKE(dc_in_place, T);        \
+  TEST_CASE_TEMPLATE_INVOKE(dc_budget, T);          \
   TEST_CASE_TEMPLATE_INVOKE(dc_mask_option, T)

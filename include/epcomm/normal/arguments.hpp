@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -44,6 +45,13 @@ struct buffer_config {
   // that its combine may come after later dispatches (a layer's handle kept
   // from forward to backward); a dispatch while every slot is pinned fails.
   int max_live_handles = 8;
+  // Flat host engine: the symmetric buffer's bytes at most (DeepEP's
+  // num_nvl_bytes / num_rdma_bytes). 0, or a budget the regions for a whole
+  // call fit in: sized for a whole call (docs/design.md section 7). Else the
+  // buffer holds a window of rows per peer and calls larger than it move in
+  // rounds (normal/window.hpp), with the same results; capacity().window_rows
+  // says how many. A budget too small for one row per peer fails every rank.
+  std::size_t max_buffer_bytes = 0;
 };
 
 template <token_type Token>

@@ -73,6 +73,7 @@
 #include "epcomm/normal/notify_header.hpp"
 #include "epcomm/normal/route.hpp"
 #include "epcomm/normal/verdict.hpp"
+#include "epcomm/normal/window.hpp"
 #include "epcomm/normal/wire.hpp"
 #include "epcomm/transport/concepts.hpp"
 
@@ -104,7 +105,11 @@ requires(sizeof...(Tokens) >= 1) &&
       : rank_(boot.rank()),
         world_(boot.world_size()),
         timeout_(effective_timeout(cfg.timeout)),
-        cap_(agree_capacity<Tokens...>(boot, cfg, setup_timeout_of(cfg), can_mask_lost_ranks)),
+        cap_(agree_capacity<Tokens...>(boot, cfg, setup_timeout_of(cfg),
+                                       {.mask_lost_ranks = can_mask_lost_ranks,
+                                        .byte_budget = true,
+                                        .staging = via_proxy,
+                                        .in_place_combine = !via_proxy})),
         plan_(wire::plan_regions(cap_, via_proxy, !via_proxy)),
         link_([&] {
           return Transport(boot, plan_.total, wire::signal_slots(world_),
@@ -142,7 +147,9 @@ requires(sizeof...(Tokens) >= 1) &&
   // of being staged per destination first. Over a peer-mapped transport
   // dispatch stores rows into the peers' buffers from wherever x is, and this
   // is plain memory of the buffer's. Only the caller writes it; dispatch
-  // returns once nothing reads it any more.
+  // returns once nothing reads it any more. With a window (max_buffer_bytes)
+  // it is host memory for this call, valid until the next such call, and
+  // the rows are staged like any others.
   template <one_of<Tokens...> Token = first_token>
   std::span<Token> dispatch_send_buffer(int num_tokens, int hidden) {
     calls_.drain();
@@ -153,11 +160,13 @@ requires(sizeof...(Tokens) >= 1) &&
                       std::to_string(hidden) + " exceed the buffer's " +
                       std::to_string(cap_.max_tokens_per_rank) +
                       " tokens of hidden <= " + std::to_string(cap_.max_hidden));
-    if constexpr (!via_proxy)
-      send_tokens_.resize(
-          (static_cast<std::size_t>(cap_.max_tokens_per_rank) * cap_.max_hidden * cap_.token_bytes +
-           sizeof(float) - 1) /
-          sizeof(float));
+    // With a window, host memory for this call's tokens alone: the budget
+    // bounds the buffer, and max_tokens_per_rank may be far beyond a call.
+    const std::size_t tokens =
+        windowed() ? static_cast<std::size_t>(num_tokens) * hidden
+                   : static_cast<std::size_t>(cap_.max_tokens_per_rank) * cap_.max_hidden;
+    if (!via_proxy || windowed())
+      send_tokens_.resize((tokens * cap_.token_bytes + sizeof(float) - 1) / sizeof(float));
     return {dispatch_send_area<Token>(), static_cast<std::size_t>(num_tokens) * hidden};
   }
 
@@ -184,22 +193,14 @@ requires(sizeof...(Tokens) >= 1) &&
     });
     const auto peers = read_notify(members);
     settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers, members); },
-                      wire::signal_kind::data, epoch, dl, "dispatch");
+                      wire::signal_kind::data, data_signals_, dl, "dispatch");
 
     dispatch_result<Token> res;
     res.handle =
         make_dispatch_handle(rank_, in.num_tokens, in.hidden, in.topk, peers, lay.send_pos);
-    std::vector<bool> rows_came(world_);
-    guarded([&] {
-      inject(fault::point::mid_dispatch, "dispatch");
-      send_rows(in, lay, res.handle, topo, dl);
-      for (int s = 0; s < world_; ++s)
-        rows_came[s] =
-            await_round(wire::signal_kind::data, s, epoch, dl, {"dispatch", s, "token rows"});
-      // The staging area holds combine_send_buffer: the caller's experts may
-      // write it as soon as this returns, so no put may still read it.
-      quiet_staging(dl);
-    });
+    const std::vector<bool> rows_came =
+        move_rows(in, lay, res.handle, topo,
+                  std::max(res.handle.num_recv_tokens, opt.worst_case_recv_tokens), dl);
     fill_result(res, in, opt, peers, rows_came);
     return res;
   }
@@ -235,7 +236,7 @@ requires(sizeof...(Tokens) >= 1) &&
     // stops at the input's status before it looks at counts).
     const auto peers = read_notify(members, ok ? &h : nullptr);
     settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers, members); },
-                      wire::signal_kind::data, epoch, dl, "dispatch");
+                      wire::signal_kind::data, data_signals_, dl, "dispatch");
 
     dispatch_result<Token> res;
     res.handle = h;
@@ -244,15 +245,9 @@ requires(sizeof...(Tokens) >= 1) &&
     lay.num_tokens = h.num_tokens;
     lay.world_size = world_;
     lay.send_pos = h.send_pos;
-    std::vector<bool> rows_came(world_);
-    guarded([&] {
-      inject(fault::point::mid_dispatch, "dispatch");
-      send_rows(rows, lay, h, topology{world_, world_, cap_.num_experts, h.hidden, 0}, dl);
-      for (int s = 0; s < world_; ++s)
-        rows_came[s] =
-            await_round(wire::signal_kind::data, s, epoch, dl, {"dispatch", s, "token rows"});
-      quiet_staging(dl);
-    });
+    const std::vector<bool> rows_came =
+        move_rows(rows, lay, h, topology{world_, world_, cap_.num_experts, h.hidden, 0},
+                  h.num_recv_tokens, dl);
     fill_result(res, rows, {}, peers, rows_came);
     res.num_recv_tokens_per_expert.clear();
     return res;
@@ -264,7 +259,9 @@ requires(sizeof...(Tokens) >= 1) &&
   // straight from this rank's buffer, and that combine returns once every
   // source has read them; over an RMA transport the rows are put from where
   // they are (the staging area) instead of being staged first. Either way the
-  // rows must stay untouched until that combine returns.
+  // rows must stay untouched until that combine returns. With a window
+  // (max_buffer_bytes) it is host memory for this handle's rows, valid until
+  // the next such call, and combine moves them like any others.
   template <one_of<combine_type_t<Tokens>...> Out = first_combine>
   std::span<Out> combine_send_buffer(const dispatch_handle& h) {
     calls_.drain();
@@ -272,7 +269,12 @@ requires(sizeof...(Tokens) >= 1) &&
         h.num_recv_tokens < 0 || h.num_recv_tokens > cap_.max_recv_tokens)
       throw error(rank_, "combine_send_buffer", no_peer,
                   "invalid input: the handle does not come from this buffer's dispatch");
-    return {combine_y<Out>(), static_cast<std::size_t>(h.num_recv_tokens) * h.hidden};
+    const std::size_t n = static_cast<std::size_t>(h.num_recv_tokens) * h.hidden;
+    if (windowed()) {  // host memory for this handle's rows (there is no region)
+      send_y_.resize((n * sizeof(Out) + sizeof(float) - 1) / sizeof(float));
+      return {reinterpret_cast<Out*>(send_y_.data()), n};
+    }
+    return {combine_y<Out>(), n};
   }
 
   // Writes out_x[T][H] (and out_weights[T][K] when in.topk_weights is given)
@@ -285,7 +287,8 @@ requires(sizeof...(Tokens) >= 1) &&
     const std::uint64_t epoch = ++combine_epoch_;
     const deadline dl = deadline::after(timeout_);
     const std::string cause = check_combine_input<Out>(in, h, out_x, out_weights, rank_, cap_);
-    const bool in_place = left_in_place(in, h);
+    // With a window the rows always move: there is no region to leave them in.
+    const bool in_place = !windowed() && left_in_place(in, h);
 
     std::vector<bool> members(world_);
     guarded([&] {
@@ -298,16 +301,18 @@ requires(sizeof...(Tokens) >= 1) &&
     });
     std::vector<wire::combine_header> status;
     settle_on_failure([&] { status = check_combine_status(epoch, members); },
-                      wire::signal_kind::combine_data, epoch, dl, "combine");
-    std::vector<bool> returned(world_);
+                      wire::signal_kind::combine_data, combine_signals_, dl, "combine");
+    std::vector<bool> returned(world_, true);
     guarded([&] {
       inject(fault::point::mid_combine, "combine");
+      if (windowed()) return return_rows_in_rounds(in, h, dl);
+      const std::uint64_t round = ++combine_signals_;
       if constexpr (via_proxy)
         put_combine_rows(in, h, in_place, dl);
       else
-        return_rows(in, h, in_place, epoch, dl);
+        return_rows(in, h, in_place, round, dl);
       for (int r = 0; r < world_; ++r)
-        returned[r] = await_round(wire::signal_kind::combine_data, r, epoch, dl,
+        returned[r] = await_round(wire::signal_kind::combine_data, r, round, dl,
                                   {"combine", r, "combined rows"});
     });
     reduce(in, h, status, returned, out_x, out_weights);
@@ -395,19 +400,21 @@ requires(sizeof...(Tokens) >= 1) &&
   // call's final round (a counted signal with no payload) before throwing: a
   // rank that raced into its next call would otherwise overwrite status slots
   // that slower peers have not read yet.
+  // `signals`: the round's count so far (data_signals_, combine_signals_).
   template <class Check>
-  void settle_on_failure(Check&& check, wire::signal_kind final_round, std::uint64_t epoch,
+  void settle_on_failure(Check&& check, wire::signal_kind final_round, std::uint64_t& signals,
                          const deadline& dl, const char* op) {
     try {
       check();
     } catch (const error&) {
+      const std::uint64_t round = ++signals;
       guarded([&] {
         if constexpr (via_proxy)
           push_rejection(final_round, dl);
         else
-          end_round(final_round, epoch, dl);
+          end_round(final_round, round, dl);
         for (int p = 0; p < world_; ++p)
-          await_round(final_round, p, epoch, dl, {op, p, "agreement to reject the call"});
+          await_round(final_round, p, round, dl, {op, p, "agreement to reject the call"});
       });
       throw;
     }
@@ -483,6 +490,94 @@ requires(sizeof...(Tokens) >= 1) &&
     return reinterpret_cast<T*>(link_.direct_ptr(peer, offset));
   }
 
+  // The arrays of dispatch rows, at one place: a receive region (a peer's
+  // or this rank's), the staging area, or the host memory of a call in
+  // windows. store_row and copy_rows write one from the caller's input or
+  // another.
+  template <class Token>
+  struct row_arrays {
+    Token* x;
+    float* scales;
+    std::int64_t* idx;
+    float* weights;
+    std::int32_t* src;
+  };
+
+  // The arrays at `base` + `pl`'s receive (send = false) or staging offsets,
+  // from row `first` on, for rows of `hidden` and `k`.
+  template <class Token>
+  static row_arrays<Token> arrays_at(std::byte* base, const wire::region_plan& pl, bool send,
+                                     std::size_t first, std::size_t hidden, std::size_t k) {
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    return {
+        reinterpret_cast<Token*>(base + (send ? pl.send_x : pl.recv_x)) + first * hidden,
+        reinterpret_cast<float*>(base + (send ? pl.send_scales : pl.recv_scales)) + first * nscales,
+        reinterpret_cast<std::int64_t*>(base + (send ? pl.send_topk_idx : pl.recv_topk_idx)) +
+            first * k,
+        reinterpret_cast<float*>(base + (send ? pl.send_weights : pl.recv_weights)) + first * k,
+        reinterpret_cast<std::int32_t*>(base + (send ? pl.send_src_idx : pl.recv_src_idx)) + first};
+  }
+
+  // Token t's row for rank r as row `row` of `to`: its x (when `with_x`) and
+  // scales, its expert ids rewritten to r's local ones (-1 and weight 0 for
+  // another rank's), its index.
+  template <class Token>
+  static void store_row(const row_arrays<Token>& to, std::size_t row,
+                        const dispatch_input<Token>& in, int t, int r, int per_rank, bool with_x) {
+    const std::size_t hidden = in.hidden;
+    const std::size_t k = in.topk;
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    if (with_x) std::memcpy(to.x + row * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
+    if (nscales != 0)
+      std::memcpy(to.scales + row * nscales, in.x_scales.data() + t * nscales,
+                  nscales * sizeof(float));
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::int64_t local = local_expert_id(in.topk_idx[t * k + j], r, per_rank);
+      to.idx[row * k + j] = local;
+      to.weights[row * k + j] = local >= 0 ? in.topk_weights[t * k + j] : 0.0f;
+    }
+    to.src[row] = t;
+  }
+
+  template <class Token>
+  static void copy_rows(const row_arrays<Token>& to, const row_arrays<Token>& from, std::size_t n,
+                        std::size_t hidden, std::size_t k) {
+    const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
+    std::memcpy(to.x, from.x, n * hidden * sizeof(Token));
+    std::memcpy(to.scales, from.scales, n * nscales * sizeof(float));
+    std::memcpy(to.idx, from.idx, n * k * sizeof(std::int64_t));
+    std::memcpy(to.weights, from.weights, n * k * sizeof(float));
+    std::memcpy(to.src, from.src, n * sizeof(std::int32_t));
+  }
+
+  bool windowed() const { return cap_.window_rows > 0; }
+
+  // A dispatch's data round(s), once the notify round has accepted it:
+  // whether each source's rows all arrived (a lost one's may not have).
+  // `result_rows`: the rows the result holds, padding included.
+  template <class Token>
+  std::vector<bool> move_rows(const dispatch_input<Token>& in, const layout& lay,
+                              const dispatch_handle& h, const topology& topo, int result_rows,
+                              const deadline& dl) {
+    std::vector<bool> came(world_, true);
+    guarded([&] {
+      inject(fault::point::mid_dispatch, "dispatch");
+      if (windowed()) {
+        rows_in_rounds(in, lay, h, topo, result_rows, dl);
+      } else {
+        const std::uint64_t round = ++data_signals_;
+        send_rows(in, lay, h, topo, dl);
+        for (int s = 0; s < world_; ++s)
+          came[s] =
+              await_round(wire::signal_kind::data, s, round, dl, {"dispatch", s, "token rows"});
+      }
+      // The staging area holds combine_send_buffer: the caller's experts may
+      // write it as soon as this returns, so no put may still read it.
+      quiet_staging(dl);
+    });
+    return came;
+  }
+
   template <class Token>
   void send_rows(const dispatch_input<Token>& in, const layout& lay, const dispatch_handle& h,
                  const topology& topo, const deadline& dl) {
@@ -493,55 +588,22 @@ requires(sizeof...(Tokens) >= 1) &&
     const int per_rank = topo.experts_per_rank();
     // Over RMA, x written into dispatch_send_buffer is put from there.
     const bool stage_x = !(via_proxy && in.x.data() == dispatch_send_area<Token>());
-    struct target {
-      Token* x;
-      float* scales;
-      std::int64_t* idx;
-      float* weights;
-      std::int32_t* src;
-      int base;
-    };
     // Rows for a rank this one stores into (every rank over a peer-mapped
     // transport, itself over RMA) go to their final rows there; the others
     // are staged by destination: rank r's rows start after those of ranks < r.
-    std::vector<target> to(world_);
-    for (int r = 0; r < world_; ++r) {
-      if (link_.direct(r)) {
-        to[r] = {peer_array<Token>(r, plan_.recv_x),
-                 peer_array<float>(r, plan_.recv_scales),
-                 peer_array<std::int64_t>(r, plan_.recv_topk_idx),
-                 peer_array<float>(r, plan_.recv_weights),
-                 peer_array<std::int32_t>(r, plan_.recv_src_idx),
-                 h.recv_offset(rank_, r)};
-      } else {
-        std::byte* base = local(0);
-        to[r] = {reinterpret_cast<Token*>(base + plan_.send_x),
-                 reinterpret_cast<float*>(base + plan_.send_scales),
-                 reinterpret_cast<std::int64_t*>(base + plan_.send_topk_idx),
-                 reinterpret_cast<float*>(base + plan_.send_weights),
-                 reinterpret_cast<std::int32_t*>(base + plan_.send_src_idx),
-                 h.return_offset(rank_, r)};
-      }
-    }
+    std::vector<row_arrays<Token>> to(world_);
+    for (int r = 0; r < world_; ++r)
+      to[r] = link_.direct(r)
+                  ? arrays_at<Token>(link_.direct_ptr(r, 0), plan_, false, h.recv_offset(rank_, r),
+                                     hidden, k)
+                  : arrays_at<Token>(local(0), plan_, true, h.return_offset(rank_, r), hidden, k);
     // Token-major: each source row is read once, while hot, for all its ranks.
-    for (int t = 0; t < in.num_tokens; ++t) {
+    for (int t = 0; t < in.num_tokens; ++t)
       for (int r = 0; r < world_; ++r) {
         const int pos = lay.position(t, r);
-        if (pos < 0 || lost_[r]) continue;
-        const std::size_t row = static_cast<std::size_t>(to[r].base + pos);
-        if (stage_x || link_.direct(r))
-          std::memcpy(to[r].x + row * hidden, in.x.data() + t * hidden, hidden * sizeof(Token));
-        if (nscales != 0)
-          std::memcpy(to[r].scales + row * nscales, in.x_scales.data() + t * nscales,
-                      nscales * sizeof(float));
-        for (std::size_t j = 0; j < k; ++j) {
-          const std::int64_t local = local_expert_id(in.topk_idx[t * k + j], r, per_rank);
-          to[r].idx[row * k + j] = local;
-          to[r].weights[row * k + j] = local >= 0 ? in.topk_weights[t * k + j] : 0.0f;
-        }
-        to[r].src[row] = t;
+        if (pos >= 0 && !lost_[r])
+          store_row(to[r], pos, in, t, r, per_rank, stage_x || link_.direct(r));
       }
-    }
     if constexpr (via_proxy) {
       const normal_push::row_shape rs{hidden * sizeof(Token), nscales * sizeof(float), k, 0};
       const normal_push::x_source xs =
@@ -549,8 +611,91 @@ requires(sizeof...(Tokens) >= 1) &&
                   : normal_push::x_source{lay.send_pos.data(), lay.num_tokens};
       normal_push::rows(route(dl), plan_, world_, rank_, h.count_matrix.data(), rs, true, xs);
     } else {
-      end_round(wire::signal_kind::data, dispatch_epoch_, dl);
+      end_round(wire::signal_kind::data, data_signals_, dl);
     }
+  }
+
+  // A dispatch in windows (normal/window.hpp): each round, this rank's
+  // slice of rows for every rank into that rank's window for it (once the
+  // rank has emptied it of the last round), then every source's slice out
+  // of this rank's windows into the result's host memory (received_, laid
+  // out as the receive regions), freeing the windows.
+  template <class Token>
+  void rows_in_rounds(const dispatch_input<Token>& in, const layout& lay, const dispatch_handle& h,
+                      const topology& topo, int result_rows, const deadline& dl) {
+    const std::size_t hidden = in.hidden;
+    const std::size_t k = in.topk;
+    const int window = cap_.window_rows;
+    const int rounds = wire::window_rounds(h.count_matrix.data(), world_, window);
+    const int per_rank = topo.experts_per_rank();
+    wire::capacity shape = cap_;
+    shape.max_hidden = in.hidden;
+    shape.max_topk = in.topk;
+    wire::carver regions;
+    wire::take_received_rows(received_plan_, regions, shape, result_rows);
+    received_.resize(regions.at());
+    // The tokens bound for each rank, in the order it receives them.
+    std::vector<std::vector<int>> order(world_);
+    for (int r = 0; r < world_; ++r) order[r].resize(h.sent(rank_, r));
+    for (int t = 0; t < in.num_tokens; ++t)
+      for (int r = 0; r < world_; ++r)
+        if (const int pos = lay.position(t, r); pos >= 0) order[r][pos] = t;
+    const std::uint64_t data_before = data_signals_;
+    const std::uint64_t freed_before = freed_signals_;
+    for (int i = 0; i < rounds; ++i) {
+      quiet_staging(dl);
+      for (int r = 0; i > 0 && r < world_; ++r)
+        await_round(wire::signal_kind::window_free, r, freed_before + i, dl,
+                    {"dispatch", r, "room in its receive window"});
+      for (int r = 0; r < world_; ++r) {
+        const wire::window_slice slice = wire::slice_of(h.sent(rank_, r), i, window);
+        const auto to = link_.direct(r)
+                            ? arrays_at<Token>(link_.direct_ptr(r, 0), plan_, false,
+                                               static_cast<std::size_t>(rank_) * window, hidden, k)
+                            : arrays_at<Token>(local(0), plan_, true,
+                                               static_cast<std::size_t>(r) * window, hidden, k);
+        for (int j = 0; j < slice.rows; ++j)
+          store_row(to, j, in, order[r][slice.first + j], r, per_rank, true);
+      }
+      if constexpr (via_proxy) {
+        const normal_push::row_shape rs{
+            hidden * sizeof(Token),
+            (token_traits<Token>::has_scales ? hidden / 128 : 0) * sizeof(float), k, 0};
+        normal_push::window_rows(route(dl), plan_, world_, rank_, h.count_matrix.data(), i, window,
+                                 rs);
+      } else {
+        signal_all(wire::signal_kind::data, dl);
+      }
+      for (int s = 0; s < world_; ++s) {
+        await_round(wire::signal_kind::data, s, data_before + i + 1, dl,
+                    {"dispatch", s, "token rows"});
+        const wire::window_slice slice = wire::slice_of(h.sent(s, rank_), i, window);
+        copy_rows(arrays_at<Token>(received_.data(), received_plan_, false,
+                                   h.recv_offset(s, rank_) + slice.first, hidden, k),
+                  arrays_at<Token>(local(0), plan_, false, static_cast<std::size_t>(s) * window,
+                                   hidden, k),
+                  slice.rows, hidden, k);
+        if (i + 1 < rounds) free_window(s, dl);
+      }
+    }
+    data_signals_ += rounds;
+    freed_signals_ += rounds - 1;
+  }
+
+  // Adds 1 to this rank's counter `kind` at every peer (a round in windows).
+  void signal_all(wire::signal_kind kind, const deadline& dl) {
+    for (int p = 0; p < world_; ++p) link_.signal(producer_channel, p, slot(kind, rank_), dl);
+  }
+
+  // Tells `peer` that its rows of this round are out of this rank's window.
+  // Never after a call's last round: the next call's first round (notify,
+  // or combine readiness), which this rank posts only once it has copied
+  // them out, comes before any peer writes a window again. Nothing would
+  // wait for that signal, and over an RMA transport a signal nobody waits
+  // for may stay incomplete in this rank's proxy (the peer need not
+  // progress), failing the call's final quiet.
+  void free_window(int peer, const deadline& dl) {
+    link_.signal(producer_channel, peer, slot(wire::signal_kind::window_free, rank_), dl);
   }
 
   // `rows_came[s]`: source s's rows all arrived; where a lost member's did
@@ -564,10 +709,12 @@ requires(sizeof...(Tokens) >= 1) &&
     const std::size_t hidden = in.hidden;
     const std::size_t k = in.topk;
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
-    std::byte* base = local(0);
-    auto* idx = reinterpret_cast<std::int64_t*>(base + plan_.recv_topk_idx);
-    auto* weights = reinterpret_cast<float*>(base + plan_.recv_weights);
-    auto* src = reinterpret_cast<std::int32_t*>(base + plan_.recv_src_idx);
+    // In windows, the rows went on to host memory laid out alike.
+    std::byte* base = windowed() ? received_.data() : local(0);
+    const wire::region_plan& at = windowed() ? received_plan_ : plan_;
+    auto* idx = reinterpret_cast<std::int64_t*>(base + at.recv_topk_idx);
+    auto* weights = reinterpret_cast<float*>(base + at.recv_weights);
+    auto* src = reinterpret_cast<std::int32_t*>(base + at.recv_src_idx);
     // Padding rows must read as "routed nowhere" for callers that loop over
     // the bound rather than the count.
     std::fill(idx + n * k, idx + rows * k, -1);
@@ -582,10 +729,9 @@ requires(sizeof...(Tokens) >= 1) &&
       std::fill(src + first, src + end, -1);
     }
     res.num_recv_tokens = n;
-    res.recv_x = {reinterpret_cast<const Token*>(base + plan_.recv_x), rows * hidden};
+    res.recv_x = {reinterpret_cast<const Token*>(base + at.recv_x), rows * hidden};
     if (nscales != 0)
-      res.recv_x_scales = {reinterpret_cast<const float*>(base + plan_.recv_scales),
-                           rows * nscales};
+      res.recv_x_scales = {reinterpret_cast<const float*>(base + at.recv_scales), rows * nscales};
     res.recv_topk_idx = {idx, rows * k};
     res.recv_topk_weights = {weights, rows * k};
     res.recv_src_idx = {src, static_cast<std::size_t>(rows)};
@@ -633,15 +779,17 @@ requires(sizeof...(Tokens) >= 1) &&
   }
 
   // dispatch_send_buffer's tokens.
+  // With a window there is no send_tokens region: the rows are staged.
   template <class Token>
   Token* dispatch_send_area() {
-    if constexpr (via_proxy)
+    if (via_proxy && !windowed())
       return reinterpret_cast<Token*>(local(plan_.send_tokens));
     else
       return reinterpret_cast<Token*>(send_tokens_.data());
   }
 
-  // combine_send_buffer's rows: the in-place region, or the RMA staging area.
+  // combine_send_buffer's rows without a window: the in-place region, or
+  // the RMA staging area.
   template <class Out>
   Out* combine_y() {
     return reinterpret_cast<Out*>(local(via_proxy ? plan_.send_combine_x : plan_.combine_y));
@@ -728,6 +876,70 @@ requires(sizeof...(Tokens) >= 1) &&
                               true);
   }
 
+  // A combine in windows, the dispatch's rounds in reverse: each round,
+  // this rank's slice of the rows every source sent it into that source's
+  // combine window for it (once emptied of the last round), then every
+  // rank's slice of this rank's rows out of its windows into host memory
+  // (returned_, laid out as the combine regions), freeing the windows.
+  template <class Out>
+  void return_rows_in_rounds(const combine_input<Out>& in, const dispatch_handle& h,
+                             const deadline& dl) {
+    const std::size_t row = h.hidden * sizeof(Out);
+    const std::size_t wrow = h.topk * sizeof(float);
+    const int window = cap_.window_rows;
+    const int rounds = wire::window_rounds(h.count_matrix.data(), world_, window);
+    const bool weights = in.topk_weights.has_value();
+    const std::size_t back = h.return_offset(rank_, world_);  // rows coming back to this rank
+    wire::carver regions;
+    returned_plan_.combine_x = regions.take(back * row);
+    returned_plan_.combine_weights = regions.take(back * wrow);
+    returned_.resize(regions.at());
+    const auto* y = reinterpret_cast<const std::byte*>(in.y.data());
+    const auto* yw =
+        weights ? reinterpret_cast<const std::byte*>(in.topk_weights->data()) : nullptr;
+    const std::uint64_t done_before = combine_signals_;
+    const std::uint64_t freed_before = freed_signals_;
+    for (int i = 0; i < rounds; ++i) {
+      quiet_staging(dl);
+      for (int s = 0; i > 0 && s < world_; ++s)
+        await_round(wire::signal_kind::window_free, s, freed_before + i, dl,
+                    {"combine", s, "room in its combine window"});
+      for (int s = 0; s < world_; ++s) {
+        const wire::window_slice slice = wire::slice_of(h.sent(s, rank_), i, window);
+        const std::size_t from = h.recv_offset(s, rank_) + slice.first;
+        const bool direct = link_.direct(s);
+        const std::size_t to = static_cast<std::size_t>(direct ? rank_ : s) * window;
+        std::memcpy(direct ? link_.direct_ptr(s, plan_.combine_x) + to * row
+                           : local(plan_.send_combine_x) + to * row,
+                    y + from * row, slice.rows * row);
+        if (weights)
+          std::memcpy(direct ? link_.direct_ptr(s, plan_.combine_weights) + to * wrow
+                             : local(plan_.send_combine_weights) + to * wrow,
+                      yw + from * wrow, slice.rows * wrow);
+      }
+      if constexpr (via_proxy)
+        normal_push::window_combine_rows(route(dl), plan_, world_, rank_, h.count_matrix.data(), i,
+                                         window, {0, 0, wrow / sizeof(float), row}, weights);
+      else
+        signal_all(wire::signal_kind::combine_data, dl);
+      for (int r = 0; r < world_; ++r) {
+        await_round(wire::signal_kind::combine_data, r, done_before + i + 1, dl,
+                    {"combine", r, "combined rows"});
+        const wire::window_slice slice = wire::slice_of(h.sent(rank_, r), i, window);
+        const std::size_t to = h.return_offset(rank_, r) + slice.first;
+        const std::size_t from = static_cast<std::size_t>(r) * window;
+        std::memcpy(returned_.data() + returned_plan_.combine_x + to * row,
+                    local(plan_.combine_x) + from * row, slice.rows * row);
+        if (weights)
+          std::memcpy(returned_.data() + returned_plan_.combine_weights + to * wrow,
+                      local(plan_.combine_weights) + from * wrow, slice.rows * wrow);
+        if (i + 1 < rounds) free_window(r, dl);
+      }
+    }
+    combine_signals_ += rounds;
+    freed_signals_ += rounds - 1;
+  }
+
   // Token t's row from rank r: in this rank's combine region, where r
   // returned it, or where r left it in place; over RMA this rank's own rows
   // are read in its staging area, where put_combine_rows left them. Rows of
@@ -739,13 +951,16 @@ requires(sizeof...(Tokens) >= 1) &&
               std::span<Out> out_x, std::span<float> out_weights) {
     const std::size_t hidden = h.hidden;
     const std::size_t k = h.topk;
-    const std::byte* base = local(0);
-    const auto* wrows = reinterpret_cast<const float*>(base + plan_.combine_weights);
+    // In windows, the rows went on to host memory laid out alike.
+    const std::byte* base = windowed() ? returned_.data() : local(0);
+    const wire::region_plan& at = windowed() ? returned_plan_ : plan_;
+    const auto* wrows = reinterpret_cast<const float*>(base + at.combine_weights);
     std::vector<int> first(world_);
     std::vector<const Out*> rows(world_);
     for (int r = 0; r < world_; ++r) {
       first[r] = h.return_offset(rank_, r);
-      rows[r] = reinterpret_cast<const Out*>(base + plan_.combine_x) + first[r] * hidden;
+      rows[r] = reinterpret_cast<const Out*>(base + at.combine_x) + first[r] * hidden;
+      if (windowed()) continue;
       if constexpr (via_proxy) {
         if (r == rank_)
           rows[r] = reinterpret_cast<const Out*>(base + plan_.send_combine_x) +
@@ -789,12 +1004,27 @@ requires(sizeof...(Tokens) >= 1) &&
   std::vector<bool> lost_;  // peers found gone (mask_lost_ranks); never cleared
   std::uint64_t dispatch_epoch_ = 0;
   std::uint64_t combine_epoch_ = 0;
+  // Signals each peer has sent this rank so far, of kinds data, combine_data
+  // and window_free: one data and combine_data per call (their counts equal
+  // the epochs), or one per round of a call in windows. All ranks run the
+  // same rounds, so one count serves every peer.
+  std::uint64_t data_signals_ = 0;
+  std::uint64_t combine_signals_ = 0;
+  std::uint64_t freed_signals_ = 0;
   std::uint64_t in_place_combines_ = 0;  // combines whose rows this rank left in place
   call_guard guard_;
   buffer_stats stats_{std::vector<std::chrono::nanoseconds>(world_)};
-  // dispatch_send_buffer over a peer-mapped transport: floats, so that any
-  // token type is aligned in it.
+  // dispatch_send_buffer over a peer-mapped transport or with a window:
+  // floats, so that any token type is aligned in it.
   std::vector<float> send_tokens_;
+  // With a window: where the rows of the last dispatch and combine went on
+  // from the windows (laid out by these plans' recv_* and combine_*
+  // offsets), and combine_send_buffer's rows.
+  std::vector<std::byte> received_;
+  wire::region_plan received_plan_{};
+  std::vector<std::byte> returned_;
+  wire::region_plan returned_plan_{};
+  std::vector<float> send_y_;
   call_queue calls_;  // last: destroyed first (normal/async_calls.hpp)
 };
 

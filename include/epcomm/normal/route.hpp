@@ -22,6 +22,7 @@
 
 #include "epcomm/core/config.hpp"
 #include "epcomm/normal/count_matrix.hpp"
+#include "epcomm/normal/window.hpp"
 #include "epcomm/normal/wire.hpp"
 #include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/push_or_return.hpp"
@@ -104,9 +105,35 @@ EPCOMM_HD proxy::channel_status x_runs(Channel&& ch, const wire::region_plan& pl
   return proxy::channel_status::ok;
 }
 
+// `n` dispatch rows for r, one put per array from this rank's staged rows at
+// `from` (send_*; x from `xs` when it names the caller's tokens) to r's rows
+// at `to` (recv_*), the source indices last with the data signal.
+template <class Channel>
+EPCOMM_HD proxy::channel_status row_puts(Channel&& ch, const wire::region_plan& pl, int world,
+                                         int r, std::size_t from, std::size_t to, std::size_t n,
+                                         const row_shape& rs, const x_source& xs,
+                                         std::size_t data) {
+  const std::size_t idx = rs.topk * sizeof(std::int64_t);
+  const std::size_t w = rs.topk * sizeof(float);
+  if (xs.positions == nullptr)
+    EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_x + from * rs.x, pl.recv_x + to * rs.x, n * rs.x));
+  else
+    EPCOMM_PUSH_OR_RETURN(x_runs(ch, pl, world, r, to, rs.x, xs));
+  if (rs.scales != 0)
+    EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_scales + from * rs.scales,
+                                 pl.recv_scales + to * rs.scales, n * rs.scales));
+  if (rs.topk != 0) {  // 0: a dispatch from a cached handle moves no routing
+    EPCOMM_PUSH_OR_RETURN(
+        ch.put(r, pl.send_topk_idx + from * idx, pl.recv_topk_idx + to * idx, n * idx));
+    EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_weights + from * w, pl.recv_weights + to * w, n * w));
+  }
+  return ch.put_signal(r, pl.send_src_idx + from * sizeof(std::int32_t),
+                       pl.recv_src_idx + to * sizeof(std::int32_t), n * sizeof(std::int32_t), data,
+                       1);
+}
+
 // Dispatch rows: per destination with rows (not this rank: stored there
-// directly), one put per array from the staged rows to their final rows
-// (x from `xs`), the source indices last with the data signal; a bare
+// directly), row_puts from the staged rows to their final rows; a bare
 // signal where there are none, or for every rank when the call was rejected
 // (the agreement to reject). counts: the count matrix of the notify round.
 template <class Channel>
@@ -116,38 +143,59 @@ EPCOMM_HD proxy::channel_status rows(Channel&& ch, const wire::region_plan& pl, 
   const std::size_t data = wire::signal_slot(wire::signal_kind::data, rank, world);
   for (int r = 0; r < world; ++r) {
     const std::size_t n = accepted ? static_cast<std::size_t>(counts[rank * world + r]) : 0;
-    if (n == 0 || r == rank) {
+    if (n == 0 || r == rank)
       EPCOMM_PUSH_OR_RETURN(ch.signal(r, data, 1));
-      continue;
-    }
-    const std::size_t from = static_cast<std::size_t>(return_offset(counts, world, rank, r));
-    const std::size_t to = static_cast<std::size_t>(recv_offset(counts, world, rank, r));
-    const std::size_t idx = rs.topk * sizeof(std::int64_t);
-    const std::size_t w = rs.topk * sizeof(float);
-    if (xs.positions == nullptr)
-      EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_x + from * rs.x, pl.recv_x + to * rs.x, n * rs.x));
     else
-      EPCOMM_PUSH_OR_RETURN(x_runs(ch, pl, world, r, to, rs.x, xs));
-    if (rs.scales != 0)
-      EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_scales + from * rs.scales,
-                                   pl.recv_scales + to * rs.scales, n * rs.scales));
-    if (rs.topk != 0) {  // 0: a dispatch from a cached handle moves no routing
-      EPCOMM_PUSH_OR_RETURN(
-          ch.put(r, pl.send_topk_idx + from * idx, pl.recv_topk_idx + to * idx, n * idx));
-      EPCOMM_PUSH_OR_RETURN(ch.put(r, pl.send_weights + from * w, pl.recv_weights + to * w, n * w));
-    }
-    EPCOMM_PUSH_OR_RETURN(ch.put_signal(r, pl.send_src_idx + from * sizeof(std::int32_t),
-                                        pl.recv_src_idx + to * sizeof(std::int32_t),
-                                        n * sizeof(std::int32_t), data, 1));
+      EPCOMM_PUSH_OR_RETURN(row_puts(
+          ch, pl, world, r, static_cast<std::size_t>(return_offset(counts, world, rank, r)),
+          static_cast<std::size_t>(recv_offset(counts, world, rank, r)), n, rs, xs, data));
   }
   return proxy::channel_status::ok;
 }
 
+// One round of a dispatch in windows (normal/window.hpp): per destination
+// but this rank (which stores into its own window), the round's slice of
+// this rank's rows for it, staged in send_* at r's window (r * W rows in),
+// into r's window for this rank (rank * W rows in); a bare signal where the
+// slice is empty.
+template <class Channel>
+EPCOMM_HD proxy::channel_status window_rows(Channel&& ch, const wire::region_plan& pl, int world,
+                                            int rank, const int* counts, int round, int window_rows,
+                                            const row_shape& rs) {
+  const std::size_t data = wire::signal_slot(wire::signal_kind::data, rank, world);
+  const std::size_t w = static_cast<std::size_t>(window_rows);
+  for (int r = 0; r < world; ++r) {
+    const int n = wire::slice_of(counts[rank * world + r], round, window_rows).rows;
+    if (n == 0 || r == rank)
+      EPCOMM_PUSH_OR_RETURN(ch.signal(r, data, 1));
+    else
+      EPCOMM_PUSH_OR_RETURN(row_puts(ch, pl, world, r, r * w, rank * w, n, rs, {}, data));
+  }
+  return proxy::channel_status::ok;
+}
+
+// `n` combine rows for s from the staged rows at `from` (send_combine_*) to
+// s's combine rows at `to`, then their weights when given, the last put with
+// the combine-data signal.
+template <class Channel>
+EPCOMM_HD proxy::channel_status combine_puts(Channel&& ch, const wire::region_plan& pl, int s,
+                                             std::size_t from, std::size_t to, std::size_t n,
+                                             const row_shape& rs, bool weights, std::size_t done) {
+  const std::size_t w = rs.topk * sizeof(float);
+  if (!weights)
+    return ch.put_signal(s, pl.send_combine_x + from * rs.out, pl.combine_x + to * rs.out,
+                         n * rs.out, done, 1);
+  EPCOMM_PUSH_OR_RETURN(
+      ch.put(s, pl.send_combine_x + from * rs.out, pl.combine_x + to * rs.out, n * rs.out));
+  return ch.put_signal(s, pl.send_combine_weights + from * w, pl.combine_weights + to * w, n * w,
+                       done, 1);
+}
+
 // Combine rows: the rows source s sent here, staged in receive order
 // (send_combine_x from recv_offset(s, rank)), back into s's combine region at
-// return_offset(s, rank), then their weights when given, the last put with
-// the combine signal; a bare signal where there are none, for this rank
-// (stored in place) and for everyone when the call was rejected.
+// return_offset(s, rank), with combine_puts; a bare signal where there are
+// none, for this rank (stored in place) and for everyone when the call was
+// rejected.
 template <class Channel>
 EPCOMM_HD proxy::channel_status combine_rows(Channel&& ch, const wire::region_plan& pl, int world,
                                              int rank, const int* counts, const row_shape& rs,
@@ -155,22 +203,32 @@ EPCOMM_HD proxy::channel_status combine_rows(Channel&& ch, const wire::region_pl
   const std::size_t done = wire::signal_slot(wire::signal_kind::combine_data, rank, world);
   for (int s = 0; s < world; ++s) {
     const std::size_t n = accepted ? static_cast<std::size_t>(counts[s * world + rank]) : 0;
-    if (n == 0 || s == rank) {
+    if (n == 0 || s == rank)
       EPCOMM_PUSH_OR_RETURN(ch.signal(s, done, 1));
-      continue;
-    }
-    const std::size_t from = static_cast<std::size_t>(recv_offset(counts, world, s, rank));
-    const std::size_t to = static_cast<std::size_t>(return_offset(counts, world, s, rank));
-    const std::size_t w = rs.topk * sizeof(float);
-    if (weights) {
-      EPCOMM_PUSH_OR_RETURN(
-          ch.put(s, pl.send_combine_x + from * rs.out, pl.combine_x + to * rs.out, n * rs.out));
-      EPCOMM_PUSH_OR_RETURN(ch.put_signal(s, pl.send_combine_weights + from * w,
-                                          pl.combine_weights + to * w, n * w, done, 1));
-    } else {
-      EPCOMM_PUSH_OR_RETURN(ch.put_signal(s, pl.send_combine_x + from * rs.out,
-                                          pl.combine_x + to * rs.out, n * rs.out, done, 1));
-    }
+    else
+      EPCOMM_PUSH_OR_RETURN(combine_puts(
+          ch, pl, s, static_cast<std::size_t>(recv_offset(counts, world, s, rank)),
+          static_cast<std::size_t>(return_offset(counts, world, s, rank)), n, rs, weights, done));
+  }
+  return proxy::channel_status::ok;
+}
+
+// One round of a combine in windows: per source but this rank, the round's
+// slice of the rows it sent here, staged in send_combine_* at s's window,
+// into s's combine window for this rank; a bare signal where it is empty.
+template <class Channel>
+EPCOMM_HD proxy::channel_status window_combine_rows(Channel&& ch, const wire::region_plan& pl,
+                                                    int world, int rank, const int* counts,
+                                                    int round, int window_rows, const row_shape& rs,
+                                                    bool weights) {
+  const std::size_t done = wire::signal_slot(wire::signal_kind::combine_data, rank, world);
+  const std::size_t w = static_cast<std::size_t>(window_rows);
+  for (int s = 0; s < world; ++s) {
+    const int n = wire::slice_of(counts[s * world + rank], round, window_rows).rows;
+    if (n == 0 || s == rank)
+      EPCOMM_PUSH_OR_RETURN(ch.signal(s, done, 1));
+    else
+      EPCOMM_PUSH_OR_RETURN(combine_puts(ch, pl, s, s * w, rank * w, n, rs, weights, done));
   }
   return proxy::channel_status::ok;
 }

@@ -17,13 +17,17 @@ inline constexpr std::uint32_t magic = 0x31435045;  // "EPC1"
 // per operation, so a receiver waits for "counter >= epoch". Counting, never
 // "the last byte arrived", keeps this valid on fabrics that reorder writes.
 // combine_read: a source has reduced the rows an in-place combine left in
-// this rank's buffer, which may be overwritten from then on.
+// this rank's buffer, which may be overwritten from then on. window_free
+// (a buffer with a receive window, normal/window.hpp): the receiver has
+// copied the rows of a round out of its window, which the sender may fill
+// again; data and combine_data then count rounds, not calls.
 enum class signal_kind : int {
   notify = 0,
   data = 1,
   combine_ready = 2,
   combine_data = 3,
   combine_read = 4,
+  window_free = 5,
   count
 };
 
@@ -79,6 +83,10 @@ struct capacity {
   int token_bytes;       // bytes per element of dispatched tokens
   int combine_bytes;     // bytes per element of combined rows
   bool has_scales;       // fp8 tokens carry one fp32 scale per 128 channels
+  // 0: the regions hold a whole call (max_recv_tokens, max_combine_rows).
+  // Else a byte budget bounds the buffer (normal/window.hpp): they hold
+  // window_rows rows per peer, and larger calls move in rounds.
+  int window_rows;
 
   friend bool operator==(const capacity&, const capacity&) = default;
 };
@@ -143,11 +151,17 @@ EPCOMM_HD constexpr void take_received_rows(Plan& p, carver& regions, const capa
   p.recv_src_idx = regions.take(n * sizeof(std::int32_t));
 }
 
+// With a window (c.window_rows > 0) the receive, combine and staging rows are
+// R windows of window_rows rows, one per peer, and there is neither an
+// in-place combine region nor send_tokens: rows then reach their place in
+// rounds, through host memory the engine owns (normal/window.hpp).
 EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = false,
                                              bool in_place_combine = false) {
   region_plan p{};
-  const std::size_t n = static_cast<std::size_t>(c.max_recv_tokens);
-  const std::size_t rows = static_cast<std::size_t>(c.max_combine_rows);
+  const bool windowed = c.window_rows > 0;
+  const std::size_t window = static_cast<std::size_t>(c.world_size) * c.window_rows;
+  const std::size_t n = windowed ? window : static_cast<std::size_t>(c.max_recv_tokens);
+  const std::size_t rows = windowed ? window : static_cast<std::size_t>(c.max_combine_rows);
   const std::size_t h = static_cast<std::size_t>(c.max_hidden);
   const std::size_t k = static_cast<std::size_t>(c.max_topk);
   const std::size_t local_experts = static_cast<std::size_t>(c.num_experts / c.world_size);
@@ -160,7 +174,7 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
   take_received_rows(p, regions, c, n);
   p.combine_x = regions.take(rows * h * c.combine_bytes);
   p.combine_weights = regions.take(rows * k * sizeof(float));
-  if (in_place_combine) p.combine_y = regions.take(n * h * c.combine_bytes);
+  if (in_place_combine && !windowed) p.combine_y = regions.take(n * h * c.combine_bytes);
   if (staging) {
     p.send_notify = regions.take(p.notify_slot_bytes * c.world_size);
     p.send_combine_status = regions.take(p.combine_status_slot_bytes);
@@ -175,8 +189,9 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
     p.send_combine_x = regions.take(n * h * c.combine_bytes);
     p.send_combine_weights = regions.take(n * k * sizeof(float));
     regions.past(dispatch_end);
-    p.send_tokens =
-        regions.take(static_cast<std::size_t>(c.max_tokens_per_rank) * h * c.token_bytes);
+    if (!windowed)
+      p.send_tokens =
+          regions.take(static_cast<std::size_t>(c.max_tokens_per_rank) * h * c.token_bytes);
   }
   // Last, so that no other array moves for it.
   p.progress = regions.take(sizeof(std::uint64_t) * static_cast<std::size_t>(signal_kind::count));

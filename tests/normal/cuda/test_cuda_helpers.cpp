@@ -401,7 +401,7 @@ TEST_CASE("the runtime switch picks the most specialised fitting instantiation")
 }
 
 TEST_CASE("host-side checks of device calls word errors as the host engine does") {
-  const wire::capacity cap{2, 8, 256, 4, 8, 16, 16, 1, 2, true};
+  const wire::capacity cap{2, 8, 256, 4, 8, 16, 16, 1, 2, true, 0};
   // An fp8 call on a buffer whose widest type has scales.
   const auto check = [&](dispatch_shape s) { return check_dispatch_shape(cap, true, s); };
   const dispatch_shape ok{8, 256, 4, true, true, true, true};
