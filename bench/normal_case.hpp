@@ -122,6 +122,7 @@ class normal_case final : public bench_case {
     c.max_hidden = w.hidden;
     c.max_topk = w.topk;
     c.max_tokens_per_rank = w.tokens;
+    c.max_buffer_bytes = w.max_buffer_bytes;
     return c;
   }
 

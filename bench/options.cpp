@@ -93,6 +93,8 @@ std::string usage() {
          "  --timeout-s N     give up after N seconds, exit status 124 (default 3600)\n"
          "  --copy-mib N      MiB each rank copies, all at once, to measure the memory\n"
          "                    bandwidth of the bound (default 256: well above the caches)\n"
+         "  --max-buffer-bytes N  normal mode's byte budget: calls larger than the\n"
+         "                    windows it leaves move in rounds (default 0: whole calls)\n"
          "  --help\n";
 }
 
@@ -152,6 +154,8 @@ options parse_options(std::span<char* const> args) {
       o.timeout_s = positive(flag, value);
     } else if (flag == "--copy-mib") {
       o.copy_mib = positive(flag, value);
+    } else if (flag == "--max-buffer-bytes") {
+      o.max_buffer_bytes = number<std::size_t>(flag, value);
     } else {
       throw usage_error("unknown option " + std::string(flag));
     }
@@ -185,7 +189,7 @@ std::vector<workload> expand(const options& opt, int ranks, int default_tokens,
             "fp8 needs hidden to be a multiple of 128 (one scale per 128 "
             "channels), got " +
             std::to_string(hid));
-      out.push_back({tok, hid, opt.experts, opt.topk, t, opt.skew, opt.seed});
+      out.push_back({tok, hid, opt.experts, opt.topk, t, opt.skew, opt.seed, opt.max_buffer_bytes});
     }
   }
   return out;

@@ -2,6 +2,7 @@
 // workloads (per-rank problem shapes) those options expand to.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -27,6 +28,8 @@ struct workload {
   // experts, hence the low ranks, more.
   double skew = 0.0;
   std::uint64_t seed = 1;
+  // Normal mode's byte budget (buffer_config::max_buffer_bytes); 0: whole calls.
+  std::size_t max_buffer_bytes = 0;
 };
 
 struct options {
@@ -47,6 +50,7 @@ struct options {
   std::string plot_path;
   int timeout_s = 3600;  // the whole run; a rank still running then exits with 124
   int copy_mib = 256;    // what each rank copies to measure the bound's bandwidth
+  std::size_t max_buffer_bytes = 0;
   std::string command_line;
 };
 

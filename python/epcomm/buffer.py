@@ -23,6 +23,10 @@ from . import _epcomm
 from ._group import bootstrap_of
 from .errors import error, unsupported
 
+# Normal mode's token bound when num_nvl_bytes is a byte budget: the budget
+# bounds the buffer, this only the host memory of one call's results.
+_TOKENS_UNDER_A_BUDGET = 1 << 16
+
 
 def _dl(t):
     return None if t is None else to_dlpack(t.contiguous())
@@ -80,8 +84,8 @@ class Config:
     def get_nvl_buffer_size_hint(self, hidden_bytes, num_ranks):
         """num_nvl_bytes for a Buffer whose normal mode then holds, per rank,
         the tokens DeepEP keeps in flight: a receive chunk per channel (two
-        SMs each). epcomm holds a whole dispatch, so a larger one needs a
-        larger budget (or Buffer(num_max_tokens_per_rank=...))."""
+        SMs each). epcomm takes it as its byte budget: a dispatch larger
+        than the windows it leaves moves through them in rounds."""
         return self.num_sms // 2 * self.num_max_nvl_chunked_recv_tokens * num_ranks * hidden_bytes
 
     def get_rdma_buffer_size_hint(self, hidden_bytes, num_ranks):
@@ -137,9 +141,12 @@ class Buffer:
     `num_experts`, `hidden`, `max_topk` and `num_max_tokens_per_rank` when
     given as keyword arguments; a size not given is taken from the engine's
     first call (experts from `num_tokens_per_expert`, hidden from x, top-k
-    from topk_idx) and the token bound from `num_nvl_bytes`, the bytes the
-    receive region may take: num_nvl_bytes // (group size * hidden * 2, or
-    4 for fp32). Low-latency mode sizes its engines by the arguments of
+    from topk_idx). `num_nvl_bytes` is each engine's byte budget, as
+    DeepEP's: the buffer never takes more, and a dispatch larger than it
+    moves through it in rounds (epcomm's max_buffer_bytes), so tokens are
+    bounded only by num_max_tokens_per_rank (default 65536). With
+    `enable_shrink` (which needs whole calls) it bounds the tokens instead:
+    num_nvl_bytes // (group size * hidden * 2, or 4 for fp32). Low-latency mode sizes its engines by the arguments of
     `low_latency_dispatch` itself. `timeout_ms` bounds every call (default:
     EPCOMM_TIMEOUT_MS or the library's); `enable_shrink` keeps going without
     a rank whose process exited (epcomm's mask_lost_ranks).
@@ -521,15 +528,26 @@ class Buffer:
         sizes["max_topk"] = sizes["max_topk"] or max(
             min(16, sizes["num_experts"]), topk_idx.size(1) if topk_idx is not None else 0,
             self.group_size)
+        # num_nvl_bytes is the engine's byte budget, as DeepEP's: a dispatch
+        # larger than the buffer moves through it in rounds, so it bounds
+        # memory, not tokens. Masking needs whole calls: with enable_shrink
+        # the budget sizes the receive region for whole calls instead.
+        budget = 0 if self._mask_lost_ranks else self.num_nvl_bytes
         if sizes["max_tokens_per_rank"] is None:
-            sizes["max_tokens_per_rank"] = self.num_nvl_bytes // (
-                self.group_size * sizes["hidden"] * row_element_bytes)
+            if budget > 0:
+                sizes["max_tokens_per_rank"] = min(
+                    _TOKENS_UNDER_A_BUDGET,
+                    (2**31 - 1) // (self.group_size * max(sizes["max_topk"], 1)))
+            else:
+                sizes["max_tokens_per_rank"] = self.num_nvl_bytes // (
+                    self.group_size * sizes["hidden"] * row_element_bytes)
         if sizes["max_tokens_per_rank"] < 1:
             raise error(self.rank, "dispatch", f"invalid input: num_nvl_bytes "
                         f"({self.num_nvl_bytes}) holds no token of hidden {sizes['hidden']} from "
                         f"{self.group_size} ranks; pass more, or num_max_tokens_per_rank")
         engine = cls(self._bootstrap, sizes["num_experts"], sizes["hidden"], sizes["max_topk"],
-                     sizes["max_tokens_per_rank"], self._timeout, self._mask_lost_ranks)
+                     sizes["max_tokens_per_rank"], self._timeout, self._mask_lost_ranks,
+                     budget)
         self._normal[key] = engine, sizes["num_experts"]
         return self._normal[key] + (kind,)
 

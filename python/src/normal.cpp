@@ -239,17 +239,19 @@ void bind_normal_buffer(py::module_& m, const char* name) {
   py::class_<B>(m, name)
       .def(py::init([](group_bootstrap& boot, int num_experts, int max_hidden, int max_topk,
                        int max_tokens_per_rank, std::chrono::milliseconds timeout,
-                       bool mask_lost_ranks) {
+                       bool mask_lost_ranks, std::size_t max_buffer_bytes) {
              return std::make_unique<B>(boot,
                                         buffer_config{.num_experts = num_experts,
                                                       .max_hidden = max_hidden,
                                                       .max_topk = max_topk,
                                                       .max_tokens_per_rank = max_tokens_per_rank,
                                                       .timeout = timeout,
-                                                      .mask_lost_ranks = mask_lost_ranks});
+                                                      .mask_lost_ranks = mask_lost_ranks,
+                                                      .max_buffer_bytes = max_buffer_bytes});
            }),
            py::arg("bootstrap"), py::arg("num_experts"), py::arg("max_hidden"), py::arg("max_topk"),
-           py::arg("max_tokens_per_rank"), py::arg("timeout"), py::arg("mask_lost_ranks"))
+           py::arg("max_tokens_per_rank"), py::arg("timeout"), py::arg("mask_lost_ranks"),
+           py::arg("max_buffer_bytes") = 0)
       .def("dispatch",
            [](py::object self, std::string_view kind, const py::object& x,
               const py::object& x_scales, const py::object& topk_idx,
@@ -270,6 +272,7 @@ void bind_normal_buffer(py::module_& m, const char* name) {
       .def("combine_async", &B::combine_async)
       .def_property_readonly("rank", [](B& b) { return b.get().rank(); })
       .def_property_readonly("world_size", [](B& b) { return b.get().world_size(); })
+      .def_property_readonly("window_rows", [](B& b) { return b.get().capacity().window_rows; })
       .def("lost_ranks", [](B& b) { return b.get().lost_ranks(); })
       .def("abort", [](B& b) { b.get().abort(); })
       .def("wait_per_peer", [](B& b) { return b.get().stats().wait_per_peer; });
