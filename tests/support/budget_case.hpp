@@ -25,7 +25,8 @@ namespace epcomm::test {
 
 template <class T>
 bool same_bytes(std::span<const T> a, std::span<const T> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 // The same call on both buffers: dispatch (with x from dispatch_send_buffer

@@ -670,11 +670,12 @@ requires(sizeof...(Tokens) >= 1) &&
         await_round(wire::signal_kind::data, s, data_before + i + 1, dl,
                     {"dispatch", s, "token rows"});
         const wire::window_slice slice = wire::slice_of(h.sent(s, rank_), i, window);
-        copy_rows(arrays_at<Token>(received_.data(), received_plan_, false,
-                                   h.recv_offset(s, rank_) + slice.first, hidden, k),
-                  arrays_at<Token>(local(0), plan_, false, static_cast<std::size_t>(s) * window,
-                                   hidden, k),
-                  slice.rows, hidden, k);
+        if (slice.rows > 0)  // else the result may have no memory at all
+          copy_rows(arrays_at<Token>(received_.data(), received_plan_, false,
+                                     h.recv_offset(s, rank_) + slice.first, hidden, k),
+                    arrays_at<Token>(local(0), plan_, false, static_cast<std::size_t>(s) * window,
+                                     hidden, k),
+                    slice.rows, hidden, k);
         if (i + 1 < rounds) free_window(s, dl);
       }
     }
@@ -906,6 +907,7 @@ requires(sizeof...(Tokens) >= 1) &&
                     {"combine", s, "room in its combine window"});
       for (int s = 0; s < world_; ++s) {
         const wire::window_slice slice = wire::slice_of(h.sent(s, rank_), i, window);
+        if (slice.rows == 0) continue;  // y may be empty, without memory
         const std::size_t from = h.recv_offset(s, rank_) + slice.first;
         const bool direct = link_.direct(s);
         const std::size_t to = static_cast<std::size_t>(direct ? rank_ : s) * window;
@@ -928,11 +930,13 @@ requires(sizeof...(Tokens) >= 1) &&
         const wire::window_slice slice = wire::slice_of(h.sent(rank_, r), i, window);
         const std::size_t to = h.return_offset(rank_, r) + slice.first;
         const std::size_t from = static_cast<std::size_t>(r) * window;
-        std::memcpy(returned_.data() + returned_plan_.combine_x + to * row,
-                    local(plan_.combine_x) + from * row, slice.rows * row);
-        if (weights)
-          std::memcpy(returned_.data() + returned_plan_.combine_weights + to * wrow,
-                      local(plan_.combine_weights) + from * wrow, slice.rows * wrow);
+        if (slice.rows > 0) {  // else returned_ may have no memory at all
+          std::memcpy(returned_.data() + returned_plan_.combine_x + to * row,
+                      local(plan_.combine_x) + from * row, slice.rows * row);
+          if (weights)
+            std::memcpy(returned_.data() + returned_plan_.combine_weights + to * wrow,
+                        local(plan_.combine_weights) + from * wrow, slice.rows * wrow);
+        }
         if (i + 1 < rounds) free_window(r, dl);
       }
     }
