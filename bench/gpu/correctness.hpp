@@ -443,7 +443,8 @@ std::string check_live_handles(int rank, device_engine<Token, Link>& dev, host_e
 // source indices, the notify slots (headers with the routing fingerprint)
 // and the combine must equal the host engine's byte for byte. Then the last
 // rank passes the later dispatch's handle: every rank fails with the host
-// engine's message, and the handle still serves a cached dispatch.
+// engine's message, and so does a combine in which it passes that handle;
+// the handle still serves a cached dispatch.
 template <class Token, class Link>
 std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
                                   host_engine<Token>& host, cudaStream_t stream) {
@@ -535,6 +536,23 @@ std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
           culprit, "the cached handle's routing");
       !e.empty())
     return "along two routings: " + e;
+  // A combine along those two handles: rejected alike, before any row moves.
+  const std::vector<Out> y_later(static_cast<std::size_t>(host_later.num_recv_tokens) * h);
+  const device_array<Out> dy_later{std::span<const Out>(y_later)};
+  const std::span<const Out> odd_y = odd ? std::span<const Out>(y_later) : std::span<const Out>(y);
+  if (auto e = same_failure(
+          [&] {
+            host.combine({odd_y, std::nullopt, {}, {}}, odd ? host_later : host_handle);
+          },
+          [&] {
+            dev.combine({odd ? dy_later.data() : dy.data(),
+                         odd ? host_later.num_recv_tokens : static_cast<long long>(n), nullptr,
+                         nullptr, nullptr},
+                        odd ? later : handle, out.data(), nullptr, stream);
+          },
+          culprit, "the handle's routing (count-matrix fingerprint)");
+      !e.empty())
+    return "combine along two dispatches: " + e;
   const auto again = dev.dispatch(cached_input(), handle, stream);
   if (again.num_recv_tokens != static_cast<int>(n) ||
       !same_bytes<Token>(device_array<Token>::read(again.recv_x, n * h), expect_x))

@@ -3,7 +3,9 @@
 // kept from an earlier dispatch, with another dispatch in between. Each row
 // must land where the handle's routing put its token, a combine of the handle
 // must sum them back, and the same call queued (dispatch_async) must give the
-// same rows.
+// same rows. A combine in which the last rank passes its handle of the
+// dispatch in between must fail on every rank, naming it, before any row
+// moves (the combine header's routing), and leave the buffer serving.
 #pragma once
 
 #include <cmath>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "epcomm/core/error.hpp"
 #include "epcomm/normal/arguments.hpp"
 #include "support/case_config.hpp"
 #include "support/exit_codes.hpp"
@@ -44,8 +47,10 @@ int check_cached_dispatch(Buffer& buf, int rank, int world, Probe&& probe = {}) 
   const dispatch_handle h = first.handle;
   const std::vector<std::int32_t> src(first.recv_src_idx.begin(), first.recv_src_idx.end());
   const auto b = make_input<fp8_e4m3>(between, rank);
-  buf.dispatch(dispatch_input<fp8_e4m3>{between.tokens, between.hidden, between.topk, b.x, b.scales,
-                                        b.topk_idx, b.topk_weights});
+  const dispatch_handle other =
+      buf.dispatch(dispatch_input<fp8_e4m3>{between.tokens, between.hidden, between.topk, b.x,
+                                            b.scales, b.topk_idx, b.topk_weights})
+          .handle;
 
   std::vector<rank_input<fp8_e4m3>> all;
   for (int r = 0; r < world; ++r) all.push_back(make_input<fp8_e4m3>(fresh, r));
@@ -72,6 +77,21 @@ int check_cached_dispatch(Buffer& buf, int rank, int world, Probe&& probe = {}) 
   const auto res = buf.dispatch(rows, h);
   probe.after_cached();
   if (int rc = check_rows(res, "cached dispatch")) return rc;
+
+  if (world > 1) {
+    const int culprit = world - 1;
+    const dispatch_handle& along = rank == culprit ? other : h;
+    const std::vector<bf16> rows_back(static_cast<std::size_t>(along.num_recv_tokens) * hidden);
+    try {
+      buf.combine(combine_input<bf16>{rows_back, std::nullopt, {}, {}}, along);
+      return fail_rank(rank, "a combine along handles of two dispatches was accepted");
+    } catch (const error& e) {
+      if (std::string(e.what()).find("the handle's routing (count-matrix fingerprint)") ==
+              std::string::npos ||
+          (rank != culprit && e.peer() != culprit))
+        return fail_rank(rank, e.what());
+    }
+  }
 
   // Each received row returned as is: a token comes back once per rank it reached.
   std::vector<bf16> y(static_cast<std::size_t>(res.num_recv_tokens) * hidden);

@@ -62,10 +62,10 @@
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/normal/arguments.hpp"
 #include "epcomm/normal/async_calls.hpp"
+#include "epcomm/normal/call_headers.hpp"
 #include "epcomm/normal/call_overloads.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
 #include "epcomm/normal/input_checks.hpp"
-#include "epcomm/normal/notify_header.hpp"
 #include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/wire.hpp"
 #include "epcomm/transport/concepts.hpp"
@@ -203,7 +203,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     if (ok) {
       for (int r = 0; r < world_; ++r) per_rank[r] = h.sent(rank_, r);
       reach = reach_of(h);
-      hdr.routing = routing_fingerprint(h.count_matrix.data(), world_);
+      hdr.routing = h.routing();
     }
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
@@ -235,7 +235,8 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     std::vector<node_tokens> reach;
     if (cause.empty()) reach = reach_of(h);
 
-    guarded([&] { gather_status(cause, token_traits<Out>::id, weights, reach, epoch, dl); });
+    const wire::combine_header hdr = combine_header_of<Out>(cause, epoch, weights, h);
+    guarded([&] { gather_status(hdr, reach, epoch, dl); });
     settle_on_failure([&] { check_status(epoch); }, node_signal::combine_staged,
                       rail_signal::combine_partial, epoch, dl, "combine");
     guarded([&] {
@@ -735,16 +736,9 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   // Hop 1 puts this rank's status, with the masks of its tokens that reached
   // each node, to that node's rank of the rail; hop 2 copies the rail's
   // statuses to the node, so every rank judges all R statuses.
-  void gather_status(const std::string& cause, std::int32_t out_id, bool with_weights,
-                     const std::vector<node_tokens>& reach, std::uint64_t epoch,
-                     const deadline& dl) {
+  void gather_status(const wire::combine_header& hdr, const std::vector<node_tokens>& reach,
+                     std::uint64_t epoch, const deadline& dl) {
     inter_.quiet(dl);
-    wire::combine_header hdr{};
-    hdr.epoch = epoch;
-    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
-    hdr.with_weights = with_weights ? 1 : 0;
-    hdr.out_id = out_id;
-    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
     const std::size_t slot_bytes = rail_plan_.status_slot_bytes;
     const std::size_t there = rail_plan_.status + node_ * slot_bytes;
     std::memcpy(inter_.local(there), &hdr, sizeof hdr);
@@ -754,7 +748,8 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
       std::byte* at = inter_.outgoing(m, there, staged);
       std::memcpy(at, &hdr, sizeof hdr);
       std::size_t bytes = sizeof hdr;
-      if (cause.empty()) {  // an invalid handle has no masks, and the call stops anyway
+      if (hdr.state ==
+          wire::status::ok) {  // an invalid handle has no masks, and the call stops anyway
         const std::uint64_t count = reach[m].tokens.size();
         std::memcpy(at + rail_plan_.status_masks, &count, sizeof count);
         std::copy(reach[m].masks.begin(), reach[m].masks.end(),

@@ -113,6 +113,9 @@ struct dispatch_handle {
   int return_offset(int src, int dst) const {
     return epcomm::return_offset(count_matrix.data(), world_size, src, dst);
   }
+  // What a cached dispatch's and a combine's headers carry, so that every
+  // rank checks the others call along a handle of the same dispatch.
+  int routing() const { return routing_fingerprint(count_matrix.data(), world_size); }
 };
 
 // Empty when `h` can be a handle a dispatch of this rank returned, within the

@@ -67,10 +67,10 @@
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/normal/arguments.hpp"
 #include "epcomm/normal/async_calls.hpp"
+#include "epcomm/normal/call_headers.hpp"
 #include "epcomm/normal/call_overloads.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
 #include "epcomm/normal/input_checks.hpp"
-#include "epcomm/normal/notify_header.hpp"
 #include "epcomm/normal/route.hpp"
 #include "epcomm/normal/verdict.hpp"
 #include "epcomm/normal/window.hpp"
@@ -226,7 +226,7 @@ requires(sizeof...(Tokens) >= 1) &&
       inject(fault::point::before_notify, "dispatch");
       wire::notify_header hdr = notify_header_of<Token>(cause, epoch, ok ? h.num_tokens : 0,
                                                         ok ? h.hidden : 0, 0, cap_.num_experts);
-      hdr.routing = ok ? routing_fingerprint(h.count_matrix.data(), world_) : 0;
+      hdr.routing = ok ? h.routing() : 0;
       post_notify(hdr, nullptr, epoch, dl);
       for (int s = 0; s < world_; ++s)
         members[s] =
@@ -293,8 +293,10 @@ requires(sizeof...(Tokens) >= 1) &&
     std::vector<bool> members(world_);
     guarded([&] {
       // Over RMA the rows are pushed either way: sources need not know.
-      post_combine_status(cause, token_traits<Out>::id, in.topk_weights.has_value(),
-                          in_place && !via_proxy, epoch, dl);
+      wire::combine_header hdr =
+          combine_header_of<Out>(cause, epoch, in.topk_weights.has_value(), h);
+      hdr.in_place = in_place && !via_proxy ? 1 : 0;
+      post_combine_status(hdr, epoch, dl);
       for (int s = 0; s < world_; ++s)
         members[s] = await_round(wire::signal_kind::combine_ready, s, epoch, dl,
                                  {"combine", s, "combine readiness"});
@@ -744,16 +746,9 @@ requires(sizeof...(Tokens) >= 1) &&
     for (int& n : res.num_recv_tokens_per_expert) n = aligned_expert_count(n, opt.expert_alignment);
   }
 
-  void post_combine_status(const std::string& cause, std::int32_t out_id, bool with_weights,
-                           bool in_place, std::uint64_t epoch, const deadline& dl) {
+  void post_combine_status(const wire::combine_header& hdr, std::uint64_t epoch,
+                           const deadline& dl) {
     quiet_staging(dl);
-    wire::combine_header hdr{};
-    hdr.epoch = epoch;
-    hdr.state = cause.empty() ? wire::status::ok : wire::status::invalid_input;
-    hdr.with_weights = with_weights ? 1 : 0;
-    hdr.out_id = out_id;
-    hdr.in_place = in_place ? 1 : 0;
-    std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
     if constexpr (via_proxy) {
       std::memcpy(local(plan_.send_combine_status), &hdr, sizeof hdr);
       normal_push::combine_status(route(dl), plan_, world_, rank_, sizeof hdr);

@@ -75,7 +75,8 @@ enum class header_field : std::int32_t {
   token_id,
   num_experts,
   routing,
-  out_id,  // the combine header's
+  out_id,          // the combine header's
+  handle_routing,  // the combine header's routing
 };
 
 inline constexpr const char* header_field_text(header_field f) {
@@ -94,6 +95,8 @@ inline constexpr const char* header_field_text(header_field f) {
       return "the cached handle's routing (count-matrix fingerprint)";
     case header_field::out_id:
       return "y's element type";
+    case header_field::handle_routing:
+      return "the handle's routing (count-matrix fingerprint)";
   }
   return "?";
 }

@@ -112,32 +112,35 @@ EPCOMM_HD void judge_notify_round(const Slots& slots, int world, int rank, std::
 }
 
 // The combine status round: headers(s) is rank s's wire::combine_header.
-// Every member's epoch and status, then whether all pass weights alike and
-// y of one element type.
+// Every member's epoch and status, then whether all combine along handles of
+// one dispatch, pass weights alike and y of one element type.
 EPCOMM_HD_TEMPLATE
 template <class Slots>
 EPCOMM_HD void judge_combine_round(const Slots& slots, int world, int rank, std::uint64_t epoch,
                                    cuda::report& r) {
   using cuda::failure;
   const int first = judge_members(slots, world, rank, epoch, failure::combine_mismatch, r);
+  const auto disagree = [&](int s, cuda::header_field f, std::int32_t seen, std::int32_t expected) {
+    r.code = failure::disagreement;
+    r.peer = s;
+    r.field = f;
+    r.seen = seen;
+    r.expected = expected;
+    r.reference = first;
+  };
   for (int s = first + 1; first >= 0 && s < world; ++s) {
     if (!slots.takes_part(s)) continue;
     const wire::combine_header& h = slots.header(s);
     const wire::combine_header& ref = slots.header(first);
+    if (h.routing != ref.routing)
+      return disagree(s, cuda::header_field::handle_routing, h.routing, ref.routing);
     if (h.with_weights != ref.with_weights) {
       r.code = failure::weights_mismatch;
       r.peer = s;
       return;
     }
-    if (h.out_id != ref.out_id) {
-      r.code = failure::disagreement;
-      r.peer = s;
-      r.field = cuda::header_field::out_id;
-      r.seen = h.out_id;
-      r.expected = ref.out_id;
-      r.reference = first;
-      return;
-    }
+    if (h.out_id != ref.out_id)
+      return disagree(s, cuda::header_field::out_id, h.out_id, ref.out_id);
   }
 }
 

@@ -68,6 +68,10 @@ struct combine_header {
   // token_traits id of y's elements, which every rank must share; 0 from an
   // engine that serves one combine type (nothing to disagree on).
   std::int32_t out_id;
+  // routing_fingerprint of the handle's count matrix: every rank must combine
+  // along its handle of the same dispatch, or rows would go to wrong places
+  // (or, under a byte budget, ranks would run different numbers of rounds).
+  std::int32_t routing;
   char cause[cause_bytes];
 };
 

@@ -219,29 +219,35 @@ TEST_CASE("judge_combine rejects like the host engine") {
   const std::size_t slot = wire::align_up(sizeof(wire::combine_header), 64);
   std::vector<std::byte> bytes(slot * world);
   auto at = [&](int s) { return reinterpret_cast<wire::combine_header*>(bytes.data() + slot * s); };
-  for (int s = 0; s < world; ++s) *at(s) = {4, wire::status::ok, 1, 0, 0, {}};
-  report r{};
-  judge_combine(bytes.data(), slot, world, 0, 4, r);
-  CHECK(r.code == failure::none);
+  for (int s = 0; s < world; ++s) *at(s) = {4, wire::status::ok, 1, 0, 0, 77, {}};
+  // The error rank `rank` throws, or "" when the round passes.
+  const auto verdict = [&](int rank) {
+    report r{};
+    judge_combine(bytes.data(), slot, world, rank, 4, r);
+    return r.code == failure::none ? std::string() : message(r, rank, "combine");
+  };
+  CHECK(verdict(0).empty());
   at(2)->with_weights = 0;
-  judge_combine(bytes.data(), slot, world, 0, 4, r);
-  CHECK(message(r, 0, "combine") ==
+  CHECK(verdict(0) ==
         "epcomm: rank 0: combine (peer 2): topk_weights given on some "
         "ranks only (every rank passes them or none)");
-  r = {};
+  // Handles of two dispatches: named before the weights that also differ.
+  at(2)->routing = 78;
+  CHECK(verdict(1) ==
+        "epcomm: rank 1: combine (peer 2): the handle's routing (count-matrix fingerprint) 78 on "
+        "that rank disagrees with 77 on rank 0");
+  at(2)->routing = 77;
   at(2)->with_weights = 1;
   at(1)->out_id = token_traits<float>::id;  // a buffer serving several types: y in fp32 there
   at(0)->out_id = token_traits<bf16>::id;
   at(2)->out_id = token_traits<bf16>::id;
-  judge_combine(bytes.data(), slot, world, 2, 4, r);
-  CHECK(message(r, 2, "combine") ==
+  CHECK(verdict(2) ==
         "epcomm: rank 2: combine (peer 1): y's element type fp32 on that rank disagrees with bf16 "
         "on rank 0");
-  r = {};
   at(1)->out_id = token_traits<bf16>::id;
+  CHECK(verdict(1).empty());
   at(1)->epoch = 3;
-  judge_combine(bytes.data(), slot, world, 0, 4, r);
-  CHECK(message(r, 0, "combine") ==
+  CHECK(verdict(0) ==
         "epcomm: rank 0: combine (peer 1): protocol mismatch: combine epoch 3, expected 4");
 }
 
