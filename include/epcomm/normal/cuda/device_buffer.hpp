@@ -361,7 +361,7 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
   device_dispatch_result<Token> launch_dispatch(const dispatch_args& a, cudaStream_t stream) {
     const std::size_t row_bytes = static_cast<std::size_t>(a.hidden) * sizeof(Token);
     const bool aligned = (reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0) && row_bytes % 16 == 0;
-    const normal_kernels k = kernels_for<Token>("dispatch", a.hidden, aligned);
+    const normal_kernels k = kernels_for("dispatch", token_traits<Token>::id, a.hidden, aligned);
     calls_.launch("dispatch", k.dispatch(a, stream));
     device_dispatch_result<Token> res;
     const std::byte* base = link_.local_buffer();
@@ -381,36 +381,36 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
            slots_[*h.slot].lease.lock() == h.slot;
   }
 
-  template <class Token>
-  normal_kernels kernels_for(const char* op, int hidden, bool aligned) const {
+  // The kernels for rows of the type with token_traits id `id`, or the error
+  // that says which .cu file to link.
+  normal_kernels kernels_for(const char* op, std::int32_t id, int hidden, bool aligned) const {
     normal_kernels k{};
-    if (!kernel_registry::global().find(token_traits<Token>::id, world_, hidden, aligned, k))
-      throw error(
-          rank_, op, no_peer,
-          "no CUDA kernels fit " + std::string(token_traits<Token>::name) + " tokens on " +
-              std::to_string(world_) + " ranks with hidden " + std::to_string(hidden) +
-              " (instantiated: " + kernel_registry::global().describe(token_traits<Token>::id) +
-              "); link a .cu file that uses EPCOMM_CUDA_INSTANTIATE_NORMAL(Token, 0, 0) "
-              "(epcomm/normal/cuda/instantiate.cuh)");
+    const kernel_registry& reg = kernel_registry::global();
+    if (!reg.find(id, world_, hidden, aligned, k))
+      throw error(rank_, op, no_peer,
+                  "no CUDA kernels fit " + std::string(token_type_name(id)) + " tokens on " +
+                      std::to_string(world_) + " ranks with hidden " + std::to_string(hidden) +
+                      " (instantiated: " + reg.describe(id) +
+                      "); link a .cu file that uses EPCOMM_CUDA_INSTANTIATE_NORMAL(Token, 0, 0) "
+                      "(epcomm/normal/cuda/instantiate.cuh)");
     return k;
   }
 
-  // The combine kernels for rows of Out, from any served type whose combine
-  // rows are Out (bf16 and fp8 tokens both combine in bf16).
+  // The combine kernels for rows of Out: those of the first served type whose
+  // combine rows are Out (bf16 and fp8 tokens both combine in bf16) and whose
+  // kernels fit; when none fits, the first such type's error.
   template <class Out>
   normal_kernels combine_kernels_for(int hidden, bool aligned) const {
+    constexpr std::int32_t none = -1;
+    constexpr std::int32_t combining_in_out[] = {
+        (std::same_as<combine_type_t<Tokens>, Out> ? token_traits<Tokens>::id : none)...};
     normal_kernels k{};
-    const kernel_registry& reg = kernel_registry::global();
-    if (((std::same_as<combine_type_t<Tokens>, Out> &&
-          reg.find(token_traits<Tokens>::id, world_, hidden, aligned, k)) ||
-         ...))
-      return k;
-    // None fits: the first such type's error.
-    ((std::same_as<combine_type_t<Tokens>, Out>
-          ? (void)kernels_for<Tokens>("combine", hidden, aligned)
-          : void()),
-     ...);
-    return k;
+    for (const std::int32_t id : combining_in_out)
+      if (id != none && kernel_registry::global().find(id, world_, hidden, aligned, k)) return k;
+    return kernels_for(
+        "combine",
+        *std::ranges::find_if(combining_in_out, [](std::int32_t id) { return id != none; }), hidden,
+        aligned);
   }
 
   // The host engine's error for what the kernels reported (device_calls::finish).
