@@ -5,7 +5,8 @@
 // wire bytes): fp8 then bf16 calls in the same regions, one of each in flight
 // on the two parities, and the last rank dispatching fp8 among bf16, which
 // every rank must fail with the host engine's message naming a rank of the
-// other wire, the buffer serving both wires after.
+// other wire, the buffer serving both wires after. Then a two-wire buffer of
+// a hidden with no whole 128-blocks: bf16 calls go, fp8 calls fail alike.
 #pragma once
 
 #include <chrono>
@@ -63,6 +64,31 @@ int check_ll_wires_rank(local_bootstrap& boot) {
             run_ll_call<bf16>(e, make(-1, 8, routing::random, 6), false));
     rc.note("ll fp8 after the disagreement",
             run_ll_call<fp8_e4m3>(e, make(-1, 8, routing::random, 7), true));
+
+    // A hidden of no whole 128-blocks (gpt-oss's 2880; 200 here): bf16 calls
+    // move rows, and an fp8 call fails every rank with the host engine's
+    // message, before the kernels read any row.
+    low_latency_config narrow_cfg = cfg;
+    narrow_cfg.hidden = 200;
+    ll_engines<bf16, Link, fp8_e4m3> narrow(boot, narrow_cfg, rc.stream);
+    const auto narrow_call = test::make_ll_call(
+        world, narrow_cfg.hidden, 8, narrow_cfg.num_experts,
+        ll_tokens(world, -1, narrow_cfg.max_tokens_per_rank, 8), routing::random, 8);
+    rc.note("ll bf16 with hidden 200", run_ll_call<bf16>(narrow, narrow_call, false));
+    const auto& nin = narrow_call.in[rank];
+    const ll_device_call ndin(nin, narrow_call.tokens[rank], narrow_call.topk);
+    const caught nh = catch_error([&] {
+      narrow.host.template low_latency_dispatch<fp8_e4m3>(
+          {narrow_call.tokens[rank], narrow_call.topk, nin.x, nin.topk_idx});
+    });
+    const caught nd = catch_error([&] {
+      narrow.dev.template dispatch<fp8_e4m3>(ndin.dispatch(), narrow.stream);
+      narrow.dev.synchronize(narrow.stream);
+    });
+    err = same_failure(nh, nd, "ll fp8 with hidden 200");
+    if (err.empty() && nd.what.find("hidden 200 is not a multiple of 128") == std::string::npos)
+      err = "unexpected message " + nd.what;
+    rc.note("ll fp8 with hidden 200", err);
   } catch (const error& ex) {
     rc.note("ll two-wire buffer", std::string("threw: ") + ex.what());
   }

@@ -125,6 +125,38 @@ def test_low_latency_wires_on_one_engine():
     run_ranks(_wires_on_one_engine, 3)
 
 
+def _unscaled_hidden(rank, world):
+    """gpt-oss's hidden of 2880 has no whole 128-blocks (200 here): bf16
+    calls go through the engine that also serves fp8, and an fp8 call fails
+    on every rank, after which bf16 calls still go."""
+    hidden = 200
+    buf = epcomm.Buffer(None, low_latency_mode=True, timeout_ms=20_000)
+    idxs = ref.routing(60, world, 9, EXPERTS, TOPK, "random")
+    xs = [ref.values(6000 + s, i.size(0), hidden, torch.bfloat16) for s, i in enumerate(idxs)]
+    ws = [torch.rand(i.size(0), TOPK, generator=torch.Generator().manual_seed(61)) for i in idxs]
+
+    def bf16_round_trip():
+        recv_x, recv_count, handle, _, _ = buf.low_latency_dispatch(
+            xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=False)
+        assert recv_x.size(2) == hidden
+        _check_received(rank, world, xs, idxs, recv_x, recv_count, handle, False)
+        combined, _, _ = buf.low_latency_combine(recv_x, idxs[rank], ws[rank], handle)
+        want = xs[rank].float() * (ws[rank] * (idxs[rank] >= 0)).sum(dim=1, keepdim=True)
+        assert bool(((combined.float() - want).abs() <= 0.02 * want.abs().clamp(min=1)).all())
+
+    bf16_round_trip()
+    try:
+        buf.low_latency_dispatch(xs[rank], idxs[rank], MAX_TOKENS, EXPERTS, use_fp8=True)
+        raise AssertionError("an fp8 dispatch of hidden 200 was accepted")
+    except epcomm.Error as e:
+        assert "hidden 200 is not a multiple of 128 (fp8 scales)" in str(e), str(e)
+    bf16_round_trip()
+
+
+def test_bf16_with_a_hidden_of_no_whole_128_blocks():
+    run_ranks(_unscaled_hidden, 2)
+
+
 def _refusals(rank, world):
     buf = epcomm.Buffer(None, low_latency_mode=True, timeout_ms=20_000)
     xs, idxs, ws = _inputs(21, world, 6, "random")

@@ -573,6 +573,35 @@ TEST_CASE_TEMPLATE_DEFINE("one buffer serves bf16 and fp8 calls and fails ranks 
   }));
 }
 
+TEST_CASE_TEMPLATE_DEFINE(
+    "a hidden of no whole 128-blocks: bf16 calls go and fp8 calls fail everywhere", Transport,
+    ll_unscaled_hidden) {
+  EPCOMM_LL_CASE(Transport);
+  // gpt-oss's hidden of 2880 is no multiple of 128; 200 is the small case.
+  // A buffer serving both wires takes it and moves bf16 rows; an fp8 call
+  // has no whole blocks to scale, and every rank refuses it together. A
+  // buffer serving fp8 alone refuses the hidden at construction.
+  const ll_case c{
+      .world = 3, .hidden = 200, .experts = 6, .max_topk = 4, .max_tokens = 8, .seed = 1600};
+  CHECK(on_every_rank<Transport, bf16, fp8_e4m3>(c, [&](auto& buf, int rank) {
+    if (const int rc =
+            wire_round_trip<bf16>(buf, c, make_call(c, {-1, 4}, 1601), rank, "bf16 first", 1))
+      return rc;
+    const auto call = make_call(c, {-1, 4}, 1602);
+    if (const int rc = expect_error(
+            rank, [&] { buf.template low_latency_dispatch<fp8_e4m3>(input_of(call, rank)); },
+            "invalid input: hidden 200 is not a multiple of 128 (fp8 scales)", no_peer))
+      return rc;
+    return wire_round_trip<bf16>(buf, c, make_call(c, {-1, 4}, 1603), rank, "bf16 after", 3);
+  }));
+  const auto codes = launch_local(c.world, [&](local_bootstrap& boot) {
+    return expect_error(
+        boot.rank(), [&] { low_latency_buffer<Transport, fp8_e4m3> buf(boot, config_of(c)); },
+        "invalid config: hidden must be a multiple of 128 on the fp8 wire", no_peer);
+  });
+  CHECK(all_ok(codes, "fp8 alone with hidden 200"));
+}
+
 TEST_CASE_TEMPLATE_DEFINE("more tokens than max_tokens_per_rank fails every rank promptly",
                           Transport, ll_too_many_tokens) {
   EPCOMM_LL_CASE(Transport);
@@ -899,6 +928,7 @@ TEST_CASE_TEMPLATE_DEFINE("a scale layout the wire cannot honour fails construct
   TEST_CASE_TEMPLATE_INVOKE(ll_back_to_back, T);    \
   TEST_CASE_TEMPLATE_INVOKE(ll_split_bitwise, T);   \
   TEST_CASE_TEMPLATE_INVOKE(ll_both_wires, T);      \
+  TEST_CASE_TEMPLATE_INVOKE(ll_unscaled_hidden, T); \
   TEST_CASE_TEMPLATE_INVOKE(ll_bad_expert, T);      \
   TEST_CASE_TEMPLATE_INVOKE(ll_expert_overflow, T); \
   TEST_CASE_TEMPLATE_INVOKE(ll_bad_combine, T);     \

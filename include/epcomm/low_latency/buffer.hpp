@@ -220,7 +220,7 @@ class low_latency_buffer {
     next_parity_ ^= 1;
     const std::uint64_t epoch = ++st.dispatch_epoch;
     const deadline dl = deadline::after(timeout_);
-    const std::string cause = validate(in);
+    const std::string cause = validate(in, wire::ll::call_shape<W>(shape_));
     guarded([&] {
       fault::inject(fault::point::low_latency, rank_, dispatch_op, [this] { link_.abort(); });
       if (epoch > 1)
@@ -360,9 +360,10 @@ class low_latency_buffer {
     throw cuda::to_error(r, rank_);
   }
 
-  std::string validate(const ll_dispatch_input& in) {
+  // `call`: the buffer's shape with the call's wire (wire::ll::call_shape).
+  std::string validate(const ll_dispatch_input& in, const wire::ll::shape& call) {
     const std::size_t h = static_cast<std::size_t>(shape_.hidden);
-    if (std::string cause = check_ll_counts(shape_, in.num_tokens, in.topk); !cause.empty())
+    if (std::string cause = check_ll_counts(call, in.num_tokens, in.topk); !cause.empty())
       return cause;
     const std::size_t t = static_cast<std::size_t>(in.num_tokens);
     const std::size_t k = static_cast<std::size_t>(in.topk);

@@ -18,6 +18,7 @@
 #include "epcomm/bootstrap/concept.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
+#include "epcomm/core/input_errors.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/host/config_agreement.hpp"
 #include "epcomm/low_latency/arguments.hpp"
@@ -45,11 +46,15 @@ requires(sizeof...(Wires) > 0) wire::ll::shape
   };
   const int world = boot.world_size();
   constexpr bool fp8 = (token_traits<Wires>::has_scales || ...);
+  // A buffer that also serves a wire without scales takes any hidden (a
+  // gpt-oss hidden of 2880 in bf16); its fp8 calls are then refused
+  // (check_ll_counts), as the normal-mode engines refuse them.
+  constexpr bool fp8_only = (token_traits<Wires>::has_scales && ...);
   constexpr int wire_bytes = static_cast<int>(std::max({sizeof(Wires)...}));
   config_checks checks;
   checks.need_experts_per_rank(cfg.num_experts, world);
   checks.need(cfg.hidden > 0, "hidden must be > 0");
-  checks.need(!fp8 || cfg.hidden % fp8_block == 0,
+  checks.need(!fp8_only || cfg.hidden % fp8_block == 0,
               "hidden must be a multiple of 128 on the fp8 wire (one scale per 128 channels)");
   checks.need(fp8 || !cfg.round_scale, "round_scale applies to the fp8 wire only");
   checks.need(fp8 || cfg.scale_layout == ll_scale_layout::row_major,
@@ -117,8 +122,11 @@ inline void check_ll_combinable(int rank, const char* op, int parity, std::uint6
                     " since its last combine (one combine per dispatch)");
 }
 
-// A dispatch's counts against the buffer's shape.
+// A dispatch's wire and counts against the buffer's shape as the call lays
+// it out (wire::ll::call_shape): an fp8 call needs whole 128-channel blocks.
 inline std::string check_ll_counts(const wire::ll::shape& s, int num_tokens, int topk) {
+  if (s.has_scales && s.hidden % fp8_block != 0)
+    return input_error_text(describe_unscaled_hidden, s.hidden);
   if (num_tokens < 0) return "num_tokens is negative";
   if (num_tokens > s.max_tokens_per_rank)
     return std::to_string(num_tokens) + " tokens exceed max_tokens_per_rank " +

@@ -263,6 +263,12 @@ TEST_CASE("host checks of device calls word errors as the host engine does") {
   CHECK(check_ll_dispatch(s, {8, 0, true, true}) == "topk 0 is outside [1, 4]");
   CHECK(check_ll_dispatch(s, {8, 4, false, true}) == "x is null with 8 tokens");
   CHECK(check_ll_dispatch(s, {8, 4, true, false}) == "topk_idx is null with 8 tokens");
+  // A two-wire buffer of hidden 200: the device buffer checks each call's own
+  // shape, so bf16 goes and fp8 (no whole 128-blocks to scale) does not.
+  const wire::ll::shape both{2, 8, 200, 4, 16, 2, true};
+  CHECK(check_ll_dispatch(wire::ll::call_shape<bf16>(both), {8, 4, true, true}).empty());
+  CHECK(check_ll_dispatch(wire::ll::call_shape<fp8_e4m3>(both), {8, 4, true, true}) ==
+        "hidden 200 is not a multiple of 128 (fp8 scales)");
 
   const ll_combine_request ok{0, 3, 3, true, 8, 4, 8, 4, true, true, true};
   CHECK(check_ll_combine(ok).empty());

@@ -206,13 +206,14 @@ class low_latency_device_buffer {
                          "at most two calls in flight");
     next_parity_ ^= 1;
     const std::uint64_t number = ++st.dispatches;
-    const std::string cause = check_ll_dispatch(
-        shape_, {in.num_tokens, in.topk, in.x != nullptr, in.topk_idx != nullptr});
-    ll_args& a = st.dispatch_args;
-    a = base_args(p, cause);
     // The call's records and outputs in its own wire's layout, within the
     // regions the plan sized for every served wire.
-    a.shape = wire::ll::call_shape<W>(shape_);
+    const wire::ll::shape call = wire::ll::call_shape<W>(shape_);
+    const std::string cause =
+        check_ll_dispatch(call, {in.num_tokens, in.topk, in.x != nullptr, in.topk_idx != nullptr});
+    ll_args& a = st.dispatch_args;
+    a = base_args(p, cause);
+    a.shape = call;
     // A rejected call moves nothing: the kernels read no input.
     a.num_tokens = cause.empty() ? in.num_tokens : 0;
     a.topk = cause.empty() ? in.topk : 0;
