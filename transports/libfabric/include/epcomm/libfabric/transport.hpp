@@ -1014,7 +1014,7 @@ class transport : public proxy::rma_transport_base {
   // write could wait for good on a lock it held.
   void retry_backlog(int peer) {
     auto& p = peers_[peer];
-    if (!proxy::exited(processes_[peer], self_)) {
+    if (!peer_exited(peer)) {
       while (!p.backlog.empty() && try_post(p.backlog.front())) p.backlog.pop_front();
       return;
     }
