@@ -236,7 +236,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     if (cause.empty()) reach = reach_of(h);
 
     const wire::combine_header hdr = combine_header_of<Out>(cause, epoch, weights, h);
-    guarded([&] { gather_status(hdr, reach, epoch, dl); });
+    guarded([&] { gather_status(hdr, reach, dl); });
     settle_on_failure([&] { check_status(epoch); }, node_signal::combine_staged,
                       rail_signal::combine_partial, epoch, dl, "combine");
     guarded([&] {
@@ -737,7 +737,8 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   // each node, to that node's rank of the rail; hop 2 copies the rail's
   // statuses to the node, so every rank judges all R statuses.
   void gather_status(const wire::combine_header& hdr, const std::vector<node_tokens>& reach,
-                     std::uint64_t epoch, const deadline& dl) {
+                     const deadline& dl) {
+    const std::uint64_t epoch = hdr.epoch;
     inter_.quiet(dl);
     const std::size_t slot_bytes = rail_plan_.status_slot_bytes;
     const std::size_t there = rail_plan_.status + node_ * slot_bytes;
@@ -748,8 +749,8 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
       std::byte* at = inter_.outgoing(m, there, staged);
       std::memcpy(at, &hdr, sizeof hdr);
       std::size_t bytes = sizeof hdr;
-      if (hdr.state ==
-          wire::status::ok) {  // an invalid handle has no masks, and the call stops anyway
+      // An invalid handle has no masks, and the call stops anyway.
+      if (hdr.state == wire::status::ok) {
         const std::uint64_t count = reach[m].tokens.size();
         std::memcpy(at + rail_plan_.status_masks, &count, sizeof count);
         std::copy(reach[m].masks.begin(), reach[m].masks.end(),

@@ -296,7 +296,7 @@ requires(sizeof...(Tokens) >= 1) &&
       wire::combine_header hdr =
           combine_header_of<Out>(cause, epoch, in.topk_weights.has_value(), h);
       hdr.in_place = in_place && !via_proxy ? 1 : 0;
-      post_combine_status(hdr, epoch, dl);
+      post_combine_status(hdr, dl);
       for (int s = 0; s < world_; ++s)
         members[s] = await_round(wire::signal_kind::combine_ready, s, epoch, dl,
                                  {"combine", s, "combine readiness"});
@@ -746,8 +746,7 @@ requires(sizeof...(Tokens) >= 1) &&
     for (int& n : res.num_recv_tokens_per_expert) n = aligned_expert_count(n, opt.expert_alignment);
   }
 
-  void post_combine_status(const wire::combine_header& hdr, std::uint64_t epoch,
-                           const deadline& dl) {
+  void post_combine_status(const wire::combine_header& hdr, const deadline& dl) {
     quiet_staging(dl);
     if constexpr (via_proxy) {
       std::memcpy(local(plan_.send_combine_status), &hdr, sizeof hdr);
@@ -756,7 +755,7 @@ requires(sizeof...(Tokens) >= 1) &&
       const std::size_t there = plan_.combine_status + rank_ * plan_.combine_status_slot_bytes;
       for (int p = 0; p < world_; ++p)
         if (!lost_[p]) std::memcpy(link_.peer(p, there), &hdr, sizeof hdr);
-      end_round(wire::signal_kind::combine_ready, epoch, dl);
+      end_round(wire::signal_kind::combine_ready, hdr.epoch, dl);
     }
   }
 

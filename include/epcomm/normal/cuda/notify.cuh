@@ -182,9 +182,6 @@ __global__ void __launch_bounds__(notify_threads)
     hdr.with_weights = a.y_weights != nullptr ? 1 : 0;
     hdr.out_id = a.out_id;
     const int received = *a.ws.num_recv;
-    // ws holds the routing of the handle's dispatch (its slot) unless the
-    // host rejected the handle.
-    hdr.routing = a.host_cause[0] == '\0' ? routing_fingerprint(a.ws.count_matrix, world) : 0;
     if (a.host_cause[0] != '\0') {
       hdr.state = wire::status::invalid_input;
       cause_text(hdr.cause, wire::cause_bytes) << a.host_cause;
@@ -193,6 +190,8 @@ __global__ void __launch_bounds__(notify_threads)
       describe_short_y(hdr.cause, wire::cause_bytes, a.y_rows * a.hidden, a.hidden, received);
     } else {
       hdr.state = wire::status::ok;
+      // ws holds the routing of the handle's dispatch (its slot).
+      hdr.routing = routing_fingerprint(a.ws.count_matrix, world);
     }
   }
   __syncthreads();

@@ -347,8 +347,7 @@ class transport : public proxy::rma_transport_base {
     std::lock_guard lock(lane_mu_);
     std::atomic_ref<std::uint64_t>(abort_words()[rank_]).store(word, std::memory_order_release);
     for (int p = 0; p < world_; ++p)
-      if (p != rank_ && !peer_exited(p))
-        suppress_latched([&] { post_abort(p); });
+      if (p != rank_ && !peer_exited(p)) suppress_latched([&] { post_abort(p); });
     // Hands the writes to providers that send only when progressed.
     suppress_latched([&] { progress_lane(); });
   }
