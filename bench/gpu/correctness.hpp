@@ -249,12 +249,25 @@ std::vector<scenario> scenarios(int world, bool quick) {
   return v;
 }
 
+// `message` with every number (digits, and the sign of a negative one) taken out.
+inline std::string without_numbers(const std::string& message) {
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  std::string out;
+  for (std::size_t i = 0; i < message.size(); ++i)
+    if (!digit(message[i]) &&
+        !(message[i] == '-' && i + 1 < message.size() && digit(message[i + 1])))
+      out += message[i];
+  return out;
+}
+
 // A call both engines must reject on every rank: "" when the host engine's
 // message holds `expected_text` and the device engine threw the same
-// message naming `peer`, else what differs.
+// message naming `peer`, else what differs. Without `same_numbers` the
+// numbers in the messages may differ (routing fingerprints, which hold each
+// engine's own dispatch count).
 inline std::string same_failure(const std::function<void()>& on_host,
                                 const std::function<void()>& on_device, int peer,
-                                const std::string& expected_text) {
+                                const std::string& expected_text, bool same_numbers = true) {
   std::string host_message, device_message;
   int device_peer = -2;
   try {
@@ -270,7 +283,8 @@ inline std::string same_failure(const std::function<void()>& on_host,
   }
   if (host_message.find(expected_text) == std::string::npos)
     return "the host engine's error '" + host_message + "' lacks '" + expected_text + "'";
-  if (device_message != host_message)
+  if ((same_numbers ? device_message : without_numbers(device_message)) !=
+      (same_numbers ? host_message : without_numbers(host_message)))
     return "device error '" + device_message + "' differs from the host engine's '" + host_message +
            "'";
   if (device_peer != peer)
@@ -467,6 +481,11 @@ std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
           .handle;
   const device_input<Token> dother(other, 0);
   const cuda::device_dispatch_handle later = dev.dispatch(dother.view(between), {}, stream).handle;
+  // A twin of the first dispatch: the same routing, so the same counts.
+  const dispatch_handle host_twin = host.dispatch({kept.tokens, kept.hidden, kept.topk, mine.x,
+                                                   mine.scales, mine.topk_idx, mine.topk_weights})
+                                        .handle;
+  const cuda::device_dispatch_handle twin = dev.dispatch(din.view(kept), {}, stream).handle;
 
   const auto rows = test::make_input<Token>(fresh, rank);
   const device_input<Token> drows(rows, 0);
@@ -489,8 +508,10 @@ std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
       !same_bytes<std::int32_t>(device_array<std::int32_t>::read(dc.recv_src_idx, n),
                                 hc.recv_src_idx.first(n)))
     return "cached dispatch: received rows differ from the host engine's";
-  // The notify slots as both engines wrote them, but for the call counter:
-  // the device engine ran more dispatches (graph replays, pinned slots).
+  // The notify slots as both engines wrote them, but for the call counter
+  // and the routing fingerprint, which holds it: the device engine ran more
+  // dispatches (graph replays, pinned slots). The fingerprint must be the
+  // same in every rank's slot.
   const wire::region_plan& plan = dev.plan();
   const std::size_t notify_bytes = plan.notify_slot_bytes * world;
   auto dev_notify =
@@ -498,10 +519,18 @@ std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
   std::vector<std::byte> host_notify(notify_bytes);
   std::memcpy(host_notify.data(), host.transport().local_buffer().data() + plan.notify,
               notify_bytes);
+  std::int32_t routing = 0;
   for (int s = 0; s < world; ++s)
-    for (auto* slot : {dev_notify.data(), host_notify.data()})
-      std::memset(slot + s * plan.notify_slot_bytes + offsetof(wire::notify_header, epoch), 0,
-                  sizeof(std::uint64_t));
+    for (auto* slot : {dev_notify.data(), host_notify.data()}) {
+      std::byte* header = slot + s * plan.notify_slot_bytes;
+      std::memset(header + offsetof(wire::notify_header, epoch), 0, sizeof(std::uint64_t));
+      std::int32_t* r =
+          reinterpret_cast<std::int32_t*>(header + offsetof(wire::notify_header, routing));
+      if (slot == dev_notify.data() && (*r == 0 || (s > 0 && *r != routing)))
+        return "cached dispatch: the device's notify slots carry routings that differ";
+      if (slot == dev_notify.data()) routing = *r;
+      *r = 0;
+    }
   if (dev_notify != host_notify)
     return "cached dispatch: notify slots differ from the host engine's (wire format)";
 
@@ -533,7 +562,7 @@ std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
                              : cached_input(),
                          odd ? later : handle, stream);
           },
-          culprit, "the cached handle's routing");
+          culprit, "the cached handle's routing", false);
       !e.empty())
     return "along two routings: " + e;
   // A combine along those two handles: rejected alike, before any row moves.
@@ -550,9 +579,21 @@ std::string check_cached_dispatch(int rank, device_engine<Token, Link>& dev,
                          nullptr, nullptr},
                         odd ? later : handle, out.data(), nullptr, stream);
           },
-          culprit, "the handle's routing (count-matrix fingerprint)");
+          culprit, "the handle's routing (fingerprint of its dispatch: number and counts)", false);
       !e.empty())
     return "combine along two dispatches: " + e;
+  // And along twin handles, told apart by their dispatch's number alone.
+  if (auto e = same_failure(
+          [&] {
+            host.combine({y, std::nullopt, {}, {}}, odd ? host_twin : host_handle);
+          },
+          [&] {
+            dev.combine({dy.data(), static_cast<long long>(n), nullptr, nullptr, nullptr},
+                        odd ? twin : handle, out.data(), nullptr, stream);
+          },
+          culprit, "the handle's routing (fingerprint of its dispatch: number and counts)", false);
+      !e.empty())
+    return "combine along twin dispatches: " + e;
   const auto again = dev.dispatch(cached_input(), handle, stream);
   if (again.num_recv_tokens != static_cast<int>(n) ||
       !same_bytes<Token>(device_array<Token>::read(again.recv_x, n * h), expect_x))

@@ -184,7 +184,7 @@ TEST_CASE("a dispatch from a cached handle: a mismatched or foreign handle, shor
       {[](int rank, auto&, dispatch_handle& h, const dispatch_handle& o) {
          if (rank == 1) h = o;
        },
-       "the cached handle's routing (count-matrix fingerprint)"},
+       "the cached handle's routing (fingerprint of its dispatch: number and counts)"},
       {[](int rank, auto&, dispatch_handle& h, const dispatch_handle&) {
          if (rank == 2) h.rank = 0;
        },

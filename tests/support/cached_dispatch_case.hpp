@@ -3,9 +3,11 @@
 // kept from an earlier dispatch, with another dispatch in between. Each row
 // must land where the handle's routing put its token, a combine of the handle
 // must sum them back, and the same call queued (dispatch_async) must give the
-// same rows. A combine in which the last rank passes its handle of the
-// dispatch in between must fail on every rank, naming it, before any row
-// moves (the combine header's routing), and leave the buffer serving.
+// same rows. A combine in which the last rank passes its handle of another
+// dispatch must fail on every rank, naming it, before any row moves (the
+// combine header's routing), and leave the buffer serving: the dispatch in
+// between (other counts), and a twin of the first (the same routing, so the
+// same count matrix: only the dispatch's number tells them apart).
 #pragma once
 
 #include <cmath>
@@ -51,6 +53,12 @@ int check_cached_dispatch(Buffer& buf, int rank, int world, Probe&& probe = {}) 
       buf.dispatch(dispatch_input<fp8_e4m3>{between.tokens, between.hidden, between.topk, b.x,
                                             b.scales, b.topk_idx, b.topk_weights})
           .handle;
+  const dispatch_handle twin =
+      buf.dispatch(dispatch_input<fp8_e4m3>{kept.tokens, kept.hidden, kept.topk, a.x, a.scales,
+                                            a.topk_idx, a.topk_weights})
+          .handle;
+  if (twin.count_matrix != h.count_matrix)
+    return fail_rank(rank, "the same routing gave another count matrix");
 
   std::vector<rank_input<fp8_e4m3>> all;
   for (int r = 0; r < world; ++r) all.push_back(make_input<fp8_e4m3>(fresh, r));
@@ -78,15 +86,17 @@ int check_cached_dispatch(Buffer& buf, int rank, int world, Probe&& probe = {}) 
   probe.after_cached();
   if (int rc = check_rows(res, "cached dispatch")) return rc;
 
-  if (world > 1) {
+  for (const dispatch_handle* wrong : {&other, &twin}) {
+    if (world == 1) break;
     const int culprit = world - 1;
-    const dispatch_handle& along = rank == culprit ? other : h;
+    const dispatch_handle& along = rank == culprit ? *wrong : h;
     const std::vector<bf16> rows_back(static_cast<std::size_t>(along.num_recv_tokens) * hidden);
     try {
       buf.combine(combine_input<bf16>{rows_back, std::nullopt, {}, {}}, along);
       return fail_rank(rank, "a combine along handles of two dispatches was accepted");
     } catch (const error& e) {
-      if (std::string(e.what()).find("the handle's routing (count-matrix fingerprint)") ==
+      if (std::string(e.what()).find(
+              "the handle's routing (fingerprint of its dispatch: number and counts)") ==
               std::string::npos ||
           (rank != culprit && e.peer() != culprit))
         return fail_rank(rank, e.what());

@@ -104,6 +104,9 @@ struct dispatch_handle {
   int num_recv_tokens = 0;
   std::vector<int> count_matrix;  // [R][R]: tokens rank s sent to rank r
   std::vector<int> send_pos;      // [T][R]: row of token t among those sent to r, or -1
+  // The dispatch that exchanged these counts: its call number, the same on
+  // every rank (a dispatch from this handle keeps it).
+  std::uint64_t origin = 0;
 
   int sent(int src, int dst) const { return count_matrix[src * world_size + dst]; }
   // The count matrix's prefix sums (normal/count_matrix.hpp), as the kernels take them.
@@ -115,7 +118,7 @@ struct dispatch_handle {
   }
   // What a cached dispatch's and a combine's headers carry, so that every
   // rank checks the others call along a handle of the same dispatch.
-  int routing() const { return routing_fingerprint(count_matrix.data(), world_size); }
+  int routing() const { return routing_fingerprint(count_matrix.data(), world_size, origin); }
 };
 
 // Empty when `h` can be a handle a dispatch of this rank returned, within the

@@ -197,7 +197,7 @@ requires(sizeof...(Tokens) >= 1) &&
 
     dispatch_result<Token> res;
     res.handle =
-        make_dispatch_handle(rank_, in.num_tokens, in.hidden, in.topk, peers, lay.send_pos);
+        make_dispatch_handle(rank_, epoch, in.num_tokens, in.hidden, in.topk, peers, lay.send_pos);
     const std::vector<bool> rows_came =
         move_rows(in, lay, res.handle, topo,
                   std::max(res.handle.num_recv_tokens, opt.worst_case_recv_tokens), dl);

@@ -4,6 +4,8 @@
 // same sums, which is what makes their buffers interchangeable.
 #pragma once
 
+#include <cstdint>
+
 #include "epcomm/core/config.hpp"
 
 namespace epcomm {
@@ -41,15 +43,24 @@ EPCOMM_HD constexpr int aligned_expert_count(int count, int alignment) {
   return (count + alignment - 1) / alignment * alignment;
 }
 
-// A dispatch from a cached handle exchanges no counts, so every rank must
-// hold the same matrix: they compare this fingerprint of it (32-bit FNV-1a
-// over the R*R counts, never 0 so that 0 can mean "not a cached dispatch").
-EPCOMM_HD constexpr int routing_fingerprint(const int* counts, int world) {
+// One FNV-1a step per byte of the low `bytes` bytes of v.
+EPCOMM_HD constexpr unsigned fnv1a_bytes(unsigned h, std::uint64_t v, int bytes) {
+  for (int b = 0; b < bytes; ++b, v >>= 8) h = (h ^ static_cast<unsigned>(v & 0xffu)) * 16777619u;
+  return h;
+}
+
+// Which dispatch a handle comes from, as every rank can compare it: a
+// dispatch from a cached handle exchanges no counts and a combine sends rows
+// where its handle says, so every rank must pass its handle of the same
+// dispatch. Each rank numbers its dispatches alike (`origin`, the dispatch's
+// call number, in step on every rank), and the count matrix is the same on
+// every rank: the fingerprint is 32-bit FNV-1a over the R*R counts and the
+// origin, never 0 so that 0 can mean "no handle". The origin tells apart two
+// dispatches whose counts are equal.
+EPCOMM_HD constexpr int routing_fingerprint(const int* counts, int world, std::uint64_t origin) {
   unsigned h = 2166136261u;
-  for (int i = 0; i < world * world; ++i) {
-    unsigned v = static_cast<unsigned>(counts[i]);
-    for (int b = 0; b < 4; ++b, v >>= 8) h = (h ^ (v & 0xffu)) * 16777619u;
-  }
+  for (int i = 0; i < world * world; ++i) h = fnv1a_bytes(h, static_cast<unsigned>(counts[i]), 4);
+  h = fnv1a_bytes(h, origin, 8);
   return static_cast<int>(h == 0 ? 1u : h);
 }
 

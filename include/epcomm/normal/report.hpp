@@ -92,11 +92,11 @@ inline constexpr const char* header_field_text(header_field f) {
     case header_field::num_experts:
       return "num_experts";
     case header_field::routing:
-      return "the cached handle's routing (count-matrix fingerprint)";
+      return "the cached handle's routing (fingerprint of its dispatch: number and counts)";
     case header_field::out_id:
       return "y's element type";
     case header_field::handle_routing:
-      return "the handle's routing (count-matrix fingerprint)";
+      return "the handle's routing (fingerprint of its dispatch: number and counts)";
   }
   return "?";
 }

@@ -184,11 +184,11 @@ inline void judge_combine_status(int rank, std::uint64_t epoch,
   if (r.code != cuda::failure::none) throw cuda::to_error(r, rank, "combine");
 }
 
-// The handle of an accepted dispatch: the full count matrix from the records
-// and this rank's own placement of its tokens.
+// The handle of accepted dispatch number `origin`: the full count matrix
+// from the records and this rank's own placement of its tokens.
 template <class Record>
-dispatch_handle make_dispatch_handle(int rank, int num_tokens, int hidden, int topk,
-                                     const std::vector<Record>& all,
+dispatch_handle make_dispatch_handle(int rank, std::uint64_t origin, int num_tokens, int hidden,
+                                     int topk, const std::vector<Record>& all,
                                      const std::vector<int>& send_pos) {
   const int world = static_cast<int>(all.size());
   dispatch_handle h;
@@ -202,6 +202,7 @@ dispatch_handle make_dispatch_handle(int rank, int num_tokens, int hidden, int t
     for (int r = 0; r < world; ++r) h.count_matrix[s * world + r] = all[s].tokens_per_rank[r];
   h.num_recv_tokens = h.recv_offset(world, rank);
   h.send_pos = send_pos;
+  h.origin = origin;
   return h;
 }
 

@@ -54,7 +54,7 @@ struct notify_header {
   std::int32_t num_experts;
   std::int32_t token_id;    // token_traits<Token>::id
   std::int32_t recv_bound;  // the sender's own worst-case receive bound, 0 = none
-  std::int32_t routing;     // dispatch from a cached handle: routing_fingerprint, else 0
+  std::int32_t routing;     // dispatch from a cached handle: its routing_fingerprint, else 0
   char cause[cause_bytes];  // NUL-terminated, set when state != ok
 };
 
@@ -68,8 +68,8 @@ struct combine_header {
   // token_traits id of y's elements, which every rank must share; 0 from an
   // engine that serves one combine type (nothing to disagree on).
   std::int32_t out_id;
-  // routing_fingerprint of the handle's count matrix: every rank must combine
-  // along its handle of the same dispatch, or rows would go to wrong places
+  // routing_fingerprint of the handle (its count matrix and origin): every
+  // rank must combine along its handle of the same dispatch, or rows would go to wrong places
   // (or, under a byte budget, ranks would run different numbers of rounds).
   std::int32_t routing;
   char cause[cause_bytes];

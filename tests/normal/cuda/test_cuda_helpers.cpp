@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -105,6 +106,26 @@ TEST_CASE("offsets from the count matrix: rows ordered by source, returns by des
   CHECK(total_received(big, 2, 0) == 2LL * INT_MAX);
 }
 
+TEST_CASE("the routing fingerprint is FNV-1a over the counts and the dispatch's number") {
+  // An independent FNV-1a over the bytes as the host lays them out
+  // (little-endian int32 counts, then the uint64 origin).
+  const auto fnv = [](const std::vector<int>& counts, std::uint64_t origin) {
+    std::vector<unsigned char> bytes(counts.size() * 4 + 8);
+    std::memcpy(bytes.data(), counts.data(), counts.size() * 4);
+    std::memcpy(bytes.data() + counts.size() * 4, &origin, 8);
+    std::uint32_t h = 2166136261u;
+    for (unsigned char b : bytes) h = (h ^ b) * 16777619u;
+    return static_cast<int>(h);
+  };
+  const std::vector<int> m{3, 0, 7, 12};
+  CHECK(routing_fingerprint(m.data(), 2, 5) == fnv(m, 5));
+  CHECK(routing_fingerprint(m.data(), 2, 1ull << 40) == fnv(m, 1ull << 40));
+  // Equal counts of two dispatches differ by their number; equal numbers by the counts.
+  CHECK(routing_fingerprint(m.data(), 2, 5) != routing_fingerprint(m.data(), 2, 6));
+  const std::vector<int> n{3, 0, 7, 13};
+  CHECK(routing_fingerprint(m.data(), 2, 5) != routing_fingerprint(n.data(), 2, 5));
+}
+
 TEST_CASE("cause_text formats integers and truncates safely") {
   CHECK(cause_of(0) == "0");
   CHECK(cause_of(-7) == "-7");
@@ -195,8 +216,8 @@ TEST_CASE("judge_notify rejects like the host engine, in its order") {
     CHECK(n.judge(0, 1, 10).code == failure::none);
     n.header(1).routing = 78;
     CHECK(message(n.judge(0, 1, 10)) ==
-          "epcomm: rank 0: dispatch (peer 1): the cached handle's routing (count-matrix "
-          "fingerprint) 78 on that rank disagrees with 77 on rank 0");
+          "epcomm: rank 0: dispatch (peer 1): the cached handle's routing (fingerprint of its "
+          "dispatch: number and counts) 78 on that rank disagrees with 77 on rank 0");
   }
   SUBCASE("more rows than a receiver holds, or than its bound") {
     notify_region n(2, 1, 1);
@@ -234,7 +255,8 @@ TEST_CASE("judge_combine rejects like the host engine") {
   // Handles of two dispatches: named before the weights that also differ.
   at(2)->routing = 78;
   CHECK(verdict(1) ==
-        "epcomm: rank 1: combine (peer 2): the handle's routing (count-matrix fingerprint) 78 on "
+        "epcomm: rank 1: combine (peer 2): the handle's routing (fingerprint of its dispatch: "
+        "number and counts) 78 on "
         "that rank disagrees with 77 on rank 0");
   at(2)->routing = 77;
   at(2)->with_weights = 1;

@@ -445,6 +445,7 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
     w.accepted = r.flags;
     w.num_recv = r.flags + 2;
     w.count_matrix = r.count_matrix;
+    w.origin = r.origin;
     w.send_pos = r.send_pos;
     return w;
   }
@@ -456,6 +457,7 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
     workspace w = ws_;
     if (slot < 0) return w;
     w.count_matrix = slots_[slot].count_matrix;
+    w.origin = slots_[slot].origin;
     w.send_pos = slots_[slot].send_pos;
     return w;
   }
@@ -469,29 +471,33 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
     const std::size_t per_rank = regions.take(sizeof(std::int32_t) * r);
     const std::size_t per_expert = regions.take(sizeof(std::int32_t) * e);
     const std::size_t matrix = regions.take(sizeof(std::int32_t) * r * r);
+    const std::size_t origin = regions.take(sizeof(std::uint64_t));
     const std::size_t recv_expert = regions.take(sizeof(std::int32_t) * (e / r));
     const std::size_t invalid = regions.take(sizeof(std::uint64_t));
     const std::size_t epochs = regions.take(2 * sizeof(std::uint64_t));
     const std::size_t done = regions.take(2 * sizeof(std::uint32_t));
     const std::size_t accepted = regions.take(3 * sizeof(std::int32_t));  // [2] + num_recv
     struct slot_offsets {
-      std::size_t flags, matrix, send_pos;
+      std::size_t flags, matrix, origin, send_pos;
     };
     std::vector<slot_offsets> slot_at;
     for (int i = 0; i < live_handles; ++i)
       slot_at.push_back({regions.take(3 * sizeof(std::int32_t)),
                          regions.take(sizeof(std::int32_t) * r * r),
+                         regions.take(sizeof(std::uint64_t)),
                          regions.take(sizeof(std::int32_t) * cap_.max_tokens_per_rank * r)});
     calls_.allocate(regions, 0, "buffer", [&](std::byte* w) {
       for (const slot_offsets& o : slot_at)
         slots_.push_back({reinterpret_cast<std::int32_t*>(w + o.flags),
                           reinterpret_cast<std::int32_t*>(w + o.matrix),
+                          reinterpret_cast<std::uint64_t*>(w + o.origin),
                           reinterpret_cast<std::int32_t*>(w + o.send_pos),
                           {}});
       ws_.send_pos = reinterpret_cast<std::int32_t*>(w + send_pos);
       ws_.tokens_per_rank = reinterpret_cast<std::int32_t*>(w + per_rank);
       ws_.tokens_per_expert = reinterpret_cast<std::int32_t*>(w + per_expert);
       ws_.count_matrix = reinterpret_cast<std::int32_t*>(w + matrix);
+      ws_.origin = reinterpret_cast<std::uint64_t*>(w + origin);
       ws_.recv_per_expert = reinterpret_cast<std::int32_t*>(w + recv_expert);
       ws_.first_invalid = reinterpret_cast<std::uint64_t*>(w + invalid);
       ws_.dispatch_epoch = reinterpret_cast<std::uint64_t*>(w + epochs);
@@ -515,11 +521,12 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
   device_calls<report> calls_;
   workspace ws_{};
   // Where each dispatch keeps what its combine reads (see routed): the notify
-  // flags ([2] accepted + num_recv, as in the workspace), the count matrix
-  // and send_pos.
+  // flags ([2] accepted + num_recv, as in the workspace), the count matrix,
+  // the dispatch's epoch and send_pos.
   struct routing_slot {
     std::int32_t* flags = nullptr;
     std::int32_t* count_matrix = nullptr;
+    std::uint64_t* origin = nullptr;
     std::int32_t* send_pos = nullptr;
     std::weak_ptr<const int> lease;  // expired: free
   };

@@ -22,6 +22,7 @@ struct workspace {
   std::int32_t* tokens_per_rank;    // [R] this call
   std::int32_t* tokens_per_expert;  // [E] this call
   std::int32_t* count_matrix;       // [R][R] from the notify phase; zero after a rejected call
+  std::uint64_t* origin;            // the dispatch (its epoch) that wrote count_matrix
   std::int32_t* recv_per_expert;    // [E/R] rows received per local expert
   std::uint64_t* first_invalid;     // lowest bad topk_idx entry, or ~0
   std::uint64_t* dispatch_epoch;    // dispatch calls so far

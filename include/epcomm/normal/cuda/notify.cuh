@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(notify_threads)
     hdr.num_experts = a.num_experts;
     hdr.token_id = a.token_id;
     hdr.recv_bound = a.recv_bound;
-    hdr.routing = cached ? routing_fingerprint(a.ws.count_matrix, world) : 0;
+    hdr.routing = cached ? routing_fingerprint(a.ws.count_matrix, world, *a.ws.origin) : 0;
     const std::uint64_t bad = *a.ws.first_invalid;
     if (a.host_cause[0] != '\0') {
       hdr.state = wire::status::invalid_input;
@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(notify_threads)
       if (!accepted) report_verdict(rep, verdict);
     } else if (accepted) {
       gather_count_matrix(region, slot_bytes, world, a.ws.count_matrix);
+      *a.ws.origin = epoch;
       for (int e = 0; e < per_rank; ++e) {
         int n = 0;
         for (int s = 0; s < world; ++s) n += notify_counts_at(region, slot_bytes, s)[world + e];
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(notify_threads)
     } else {
       hdr.state = wire::status::ok;
       // ws holds the routing of the handle's dispatch (its slot).
-      hdr.routing = routing_fingerprint(a.ws.count_matrix, world);
+      hdr.routing = routing_fingerprint(a.ws.count_matrix, world, *a.ws.origin);
     }
   }
   __syncthreads();
