@@ -198,12 +198,11 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
            : dispatch_input<Token>{};
     std::vector<int> per_rank(world_, 0);
     std::vector<node_tokens> reach(nodes_);
-    wire::notify_header hdr =
-        notify_header_of<Token>(cause, epoch, rows.num_tokens, rows.hidden, 0, cap_.num_experts);
+    const wire::notify_header hdr =
+        cached_notify_header_of<Token>(cause, epoch, cap_.num_experts, h);
     if (ok) {
       for (int r = 0; r < world_; ++r) per_rank[r] = h.sent(rank_, r);
       reach = reach_of(h);
-      hdr.routing = h.routing();
     }
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");

@@ -224,10 +224,8 @@ requires(sizeof...(Tokens) >= 1) &&
     std::vector<bool> members(world_);
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      wire::notify_header hdr = notify_header_of<Token>(cause, epoch, ok ? h.num_tokens : 0,
-                                                        ok ? h.hidden : 0, 0, cap_.num_experts);
-      hdr.routing = ok ? h.routing() : 0;
-      post_notify(hdr, nullptr, epoch, dl);
+      post_notify(cached_notify_header_of<Token>(cause, epoch, cap_.num_experts, h), nullptr, epoch,
+                  dl);
       for (int s = 0; s < world_; ++s)
         members[s] =
             await_round(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify header"});

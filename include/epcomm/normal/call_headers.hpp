@@ -1,7 +1,7 @@
 // The headers a normal-mode host engine (flat and hierarchical alike) posts
 // at the start of a call: a dispatch's notify header (status, shape, token
-// type) and a combine's status header, which every rank judges before any
-// row moves (normal/verdict.hpp).
+// type; a cached dispatch's also its handle's routing) and a combine's status
+// header, which every rank judges before any row moves (normal/verdict.hpp).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,19 @@ wire::notify_header notify_header_of(const std::string& cause, std::uint64_t epo
   hdr.num_experts = num_experts;
   hdr.token_id = token_traits<Token>::id;
   std::strncpy(hdr.cause, cause.c_str(), sizeof(hdr.cause) - 1);
+  return hdr;
+}
+
+// A dispatch from the cached handle `h`: the handle's shape and routing, no
+// top-k; `cause` as above (when it is set, `h` may be malformed and is not
+// read).
+template <token_type Token>
+wire::notify_header cached_notify_header_of(const std::string& cause, std::uint64_t epoch,
+                                            int num_experts, const dispatch_handle& h) {
+  const bool ok = cause.empty();
+  wire::notify_header hdr = notify_header_of<Token>(cause, epoch, ok ? h.num_tokens : 0,
+                                                    ok ? h.hidden : 0, 0, num_experts);
+  hdr.routing = ok ? h.routing() : 0;
   return hdr;
 }
 
