@@ -107,12 +107,14 @@ TEST_CASE("offsets from the count matrix: rows ordered by source, returns by des
 }
 
 TEST_CASE("the routing fingerprint is FNV-1a over the counts and the dispatch's number") {
-  // An independent FNV-1a over the bytes as the host lays them out
-  // (little-endian int32 counts, then the uint64 origin).
+  // An independent FNV-1a over the bytes, spelt out: each count's four bytes,
+  // least significant first, then the origin's eight.
   const auto fnv = [](const std::vector<int>& counts, std::uint64_t origin) {
-    std::vector<unsigned char> bytes(counts.size() * 4 + 8);
-    std::memcpy(bytes.data(), counts.data(), counts.size() * 4);
-    std::memcpy(bytes.data() + counts.size() * 4, &origin, 8);
+    std::vector<unsigned char> bytes;
+    for (int c : counts)
+      for (int b = 0; b < 4; ++b)
+        bytes.push_back(static_cast<unsigned char>(static_cast<std::uint32_t>(c) >> (8 * b)));
+    for (int b = 0; b < 8; ++b) bytes.push_back(static_cast<unsigned char>(origin >> (8 * b)));
     std::uint32_t h = 2166136261u;
     for (unsigned char b : bytes) h = (h ^ b) * 16777619u;
     return static_cast<int>(h);
