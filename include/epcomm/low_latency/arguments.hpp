@@ -34,8 +34,8 @@ struct low_latency_config {
   std::chrono::milliseconds timeout = default_timeout;  // EPCOMM_TIMEOUT_MS overrides
   // Keep going without a rank whose process exited (DeepEP's shrink mode):
   // its experts' contributions are skipped and counted instead of failing the
-  // group. Host engine over a peer-mapped transport that can tell a peer's
-  // exit (shm) only; see docs/low_latency.md.
+  // group. Host engine over shm, or over libfabric and UCX on fabrics that
+  // serve the survivors after a peer's exit; see docs/low_latency.md.
   bool mask_lost_ranks = false;
   // Bound on construction (config agreement, transport set-up, connections);
   // 0: the call timeout in force. See setup_timeout_of.

@@ -95,10 +95,12 @@ class low_latency_buffer {
   static constexpr bool via_proxy = host_link<Transport>::via_proxy;
   static constexpr const char* dispatch_op = "low-latency dispatch";
   static constexpr const char* combine_op = "low-latency combine";
-  // Masking a lost rank needs every byte to a peer stored by this rank (no
-  // proxy holding puts to it) and a transport that can tell a peer's exit
-  // from slowness: only an exited process is certain never to write again.
-  static constexpr bool can_mask_lost_ranks = !via_proxy && has_peer_exit<Transport>;
+  // Masking a lost rank needs a transport that can tell a peer's exit from
+  // slowness (only an exited process is certain never to write again) and,
+  // over RMA, one that lets the proxy go on without the peer: it meets the
+  // loss first, with puts to the lost rank still queued.
+  static constexpr bool can_mask_lost_ranks =
+      via_proxy ? has_lost_peer_masking<Transport> : has_peer_exit<Transport>;
 
  public:
   using wire_type = Wire;
@@ -141,6 +143,8 @@ class low_latency_buffer {
     if constexpr (!via_proxy)
       require_peer_mapped(link_.transport(), rank_, world_, "low_latency_buffer",
                           "low-latency mode over this transport needs every rank on one node");
+    if constexpr (via_proxy && can_mask_lost_ranks)
+      if (mask_lost_ranks_) link_.transport().mask_lost_peers();
     stats_.recv_tokens_per_expert.assign(shape_.local_experts(), 0);
     stats_.dispatch_wait.assign(world_, {});
     stats_.combine_wait.assign(world_, {});
@@ -161,7 +165,7 @@ class low_latency_buffer {
         for (int p = 0; p < wire::ll::parities; ++p)
           if (const std::uint64_t epoch = parity_[p].dispatch_epoch; epoch > 0)
             for (int r = 0; r < world_; ++r)
-              if (r != rank_ || !parity_[p].dispatch_pending)
+              if (!lost_[r] && (r != rank_ || !parity_[p].dispatch_pending))
                 link_.transport().wait(
                     wire::ll::released_signal(shape_, p, r), epoch, dl,
                     {"low_latency_buffer teardown", r, "release of the last dispatch"});

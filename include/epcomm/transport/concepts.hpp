@@ -115,6 +115,19 @@ concept has_peer_exit = requires(const T& t, int r) {
   { t.peer_exited(r) } -> std::convertible_to<bool>;
 };
 
+// mask_lost_peers(): from now on a lost peer (its process exited, or the
+// fabric failed an operation to it) no longer fails the transport: operations
+// to it complete without moving bytes, peer_exited() says it is gone, and a
+// wait for it throws an error naming it that leaves the transport usable;
+// waits for the others go on. An engine that masks lost ranks over an RMA
+// transport (host/lost_ranks.hpp) calls it before its first call: the proxy
+// meets a loss before the engine does, and would otherwise fail everything.
+// Throws epcomm::error where the fabric cannot go on without a peer.
+template <class T>
+concept has_lost_peer_masking = has_peer_exit<T> && requires(T& t) {
+  { t.mask_lost_peers() } -> std::same_as<void>;
+};
+
 // abort(culprit): give up on the group and tell every peer, whose waits then
 // fail naming `culprit` (no_peer: none) as the root cause; the word peers read
 // is transport/peer_abort.hpp's. aborted(): whether this rank has (or a

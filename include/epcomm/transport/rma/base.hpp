@@ -14,13 +14,16 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "epcomm/core/deadline.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/failure_latch.hpp"
 #include "epcomm/core/spin_wait.hpp"
 #include "epcomm/transport/concepts.hpp"
+#include "epcomm/transport/process_identity.hpp"
 #include "epcomm/transport/rma/completion_window.hpp"
+#include "epcomm/transport/rma/lost_peers.hpp"
 
 namespace epcomm::proxy {
 
@@ -40,6 +43,13 @@ class rma_transport_base {
 
   bool aborted() const { return abort_word_.load(std::memory_order_acquire) != 0; }
 
+  // Rank `peer` is known gone: its process exited on this host (by pid) or,
+  // once the transport masks lost peers, the fabric failed it.
+  bool peer_exited(int peer) const {
+    if (peer < 0 || peer >= world_ || peer == rank_) return false;
+    return lost_.lost(peer) || exited(processes_[peer], self_);
+  }
+
  protected:
   rma_transport_base(int rank, int world, std::size_t bytes, std::size_t user_slots,
                      std::chrono::milliseconds timeout, std::string name)
@@ -48,7 +58,9 @@ class rma_transport_base {
         bytes_(bytes),
         user_slots_(user_slots),
         timeout_(timeout),
-        name_(std::move(name)) {}
+        name_(std::move(name)),
+        processes_(static_cast<std::size_t>(world)),
+        lost_(world) {}
 
   // abort()'s culprit, or no_peer when it names no rank of the group.
   int valid_culprit(int culprit) const {
@@ -106,6 +118,27 @@ class rma_transport_base {
     const error e(rank_, op, peer, cause + " (" + name_ + ")");
     failure_.latch(e);  // later calls report the first failure; this one reports its own
     throw e;
+  }
+
+  // A wait for site.peer, which is gone, fails: the transport with it, unless
+  // lost peers are masked, when the loss is the caller's to handle and the
+  // transport goes on with the others (the error is not latched).
+  [[noreturn]] void fail_gone(const wait_site& site) {
+    const std::string cause = lost_.waiting_failed(site.peer, site.what);
+    if (lost_.masking()) throw error(rank_, site.op, site.peer, cause + " (" + name_ + ")");
+    fail(site.op, site.peer, cause);
+  }
+
+  // While masking, lose(p) for each peer not yet lost whose process has
+  // exited on this host, looking about once a millisecond: an operation to
+  // such a peer may never complete, nor fail. mu_ held.
+  template <class Lose>
+  void find_exited_peers(Lose&& lose) {
+    const auto now = steady::now();
+    if (now < next_exit_scan_) return;
+    next_exit_scan_ = now + std::chrono::milliseconds(1);
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && !lost_.lost(p) && exited(processes_[p], self_)) lose(p);
   }
 
   // After abort() every call fails, saying so; after a failure, with its error.
@@ -202,9 +235,13 @@ class rma_transport_base {
   mutable std::mutex mu_;  // serializes every call that touches the provider
   failure_latch failure_;
   completion_window tickets_;  // numbered operations
+  const process_identity self_ = this_process();
+  std::vector<process_identity> processes_;  // every rank's, from the bootstrap exchange
+  lost_peers lost_;                          // peers lost while masking (has_lost_peer_masking)
 
  private:
   std::atomic<std::uint64_t> abort_word_{0};
+  steady::time_point next_exit_scan_{};  // find_exited_peers() looks again from then on
 };
 
 }  // namespace epcomm::proxy

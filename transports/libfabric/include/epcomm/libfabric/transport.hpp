@@ -56,6 +56,13 @@
 // the root cause), blame a peer that exited once the data path has been held
 // up that long, and teardown leaves the provider to the process's end
 // (abandoned_transports()) instead of hanging.
+//
+// A peer that is lost fails the transport, unless mask_lost_peers() was
+// called (an engine that masks lost ranks): then a peer whose process exited
+// on this host (its pid, looked at about once a millisecond while progressing)
+// or to which the fabric failed a write (a refused post, a completion error)
+// is lost alone. What is queued, in flight or later issued to it counts
+// complete without moving, and only a wait for it fails.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -138,8 +145,7 @@ class transport : public proxy::rma_transport_base {
       : rma_transport_base(boot.rank(), boot.world_size(), bytes, signal_slots,
                            effective_timeout(opt.timeout), "libfabric"),
         counters_(signal_slots + 4 * static_cast<std::size_t>(boot.world_size())),
-        peers_(boot.world_size()),
-        processes_(boot.world_size()) {
+        peers_(boot.world_size()) {
     if (counters_.size() > max_signal_slots)
       throw error(rank_, "libfabric setup", no_peer,
                   std::to_string(counters_.size()) + " signal slots exceed the " +
@@ -352,6 +358,22 @@ class transport : public proxy::rma_transport_base {
     suppress_latched([&] { progress_lane(); });
   }
 
+  // See has_lost_peer_masking: a lost peer's queued and later writes count
+  // complete without moving, and so do those in flight to it (a completion
+  // the provider still reports for one is then only taken back). Refused
+  // over the shm provider, which after any peer's exit refuses the
+  // survivors' writes to each other too (-FI_EAGAIN until teardown).
+  void mask_lost_peers() {
+    std::lock_guard lock(mu_);
+    if (over_shm())
+      throw error(rank_, "libfabric setup", no_peer,
+                  "mask_lost_ranks needs a provider that keeps serving the survivors once a peer "
+                  "has exited; the shm provider then refuses their writes to each other until "
+                  "teardown (tcp;ofi_rxm and efa do not) (" +
+                      name_ + ")");
+    lost_.start_masking();
+  }
+
  private:
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
   // How long a waiter finds the data path held at every look before it takes
@@ -404,6 +426,8 @@ class transport : public proxy::rma_transport_base {
     std::size_t bytes;
     std::optional<std::uint64_t> cq_data;
     bool on_abort_lane;  // posted through the abort lane's endpoint
+    bool live;           // acquired and not yet released
+    bool abandoned;      // counted complete when its peer was lost (lose_peer)
   };
 
   // Operations posted and not yet completed: the provider holds their
@@ -413,6 +437,7 @@ class transport : public proxy::rma_transport_base {
     std::vector<std::unique_ptr<posted>> all;
     std::vector<posted*> free;
     std::size_t outstanding = 0;
+    std::size_t abandoned = 0;  // of the outstanding ones
 
     posted* acquire(int peer, std::uint64_t ticket, std::uint64_t write) {
       if (free.empty()) {
@@ -425,10 +450,12 @@ class transport : public proxy::rma_transport_base {
       op->peer = peer;
       op->ticket = ticket;
       op->write = write;
+      op->live = true;
       ++outstanding;
       return op;
     }
     void release(posted* op) {
+      op->live = false;
       free.push_back(op);
       --outstanding;
     }
@@ -486,12 +513,9 @@ class transport : public proxy::rma_transport_base {
     return steady::now() - at < driver_gap;
   }
 
-  bool peer_exited(int peer) const {
-    return peer >= 0 && peer < world_ && peer != rank_ && proxy::exited(processes_[peer], self_);
-  }
-
-  // A peer that exited on this host fails the wait at once (elsewhere its
-  // loss shows as a completion error or, at worst, the deadline). An abort
+  // A peer that exited on this host, or one lost while masking, fails the
+  // wait at once (elsewhere its loss shows as a completion error or, at
+  // worst, the deadline). An abort
   // it relayed on its way out names the root cause, so the lane, where
   // aborts arrive, is read and peers' aborts checked before the exit is
   // blamed. Only the lane: over the shm provider a write to the dead peer,
@@ -501,7 +525,7 @@ class transport : public proxy::rma_transport_base {
     if (!peer_exited(site.peer)) return;
     read_lane();
     check_peer_aborts(site);
-    fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
+    fail_gone(site);
   }
 
   // The waiter has found mu_ held at every look for held_up_limit: the
@@ -895,7 +919,7 @@ class transport : public proxy::rma_transport_base {
   // Writes not yet complete (queued ones and aborts included), or signals
   // still held back.
   bool busy() const {
-    if (ops_.outstanding != 0) return true;
+    if (ops_.outstanding != ops_.abandoned) return true;
     if (std::lock_guard lane(lane_mu_); lane_.ops.outstanding != 0) return true;
     return std::any_of(peers_.begin(), peers_.end(),
                        [](const peer_state& p) { return !p.held.empty(); });
@@ -972,17 +996,47 @@ class transport : public proxy::rma_transport_base {
     op->remote_off = remote_off;
     op->bytes = bytes;
     op->cq_data = cq_data;
+    if (lost(op->peer)) {  // masked: counts complete, moves nothing
+      on_completion_of(op);
+      return;
+    }
     auto& backlog = peers_[op->peer].backlog;
     // Over the shm provider a write to a peer that exited may never return
     // (retry_backlog); it waits in the backlog, which drops it.
-    if (backlog.empty() && !(over_shm() && peer_exited(op->peer)) && try_post(op)) return;
+    if (backlog.empty() && !(over_shm() && peer_exited(op->peer)) && post_data(op)) return;
     backlog.push_back(op);
   }
 
+  // Posts a data-path write; false when the provider's queues are full and
+  // it must be tried again after progress. A write the provider refuses for
+  // good fails the transport or, when masking, loses its peer: it then
+  // counts complete, as everything to that peer does.
+  bool post_data(posted* op) {
+    const ssize_t rc = write_now(op);
+    if (rc == 0) return true;
+    if (rc == -FI_EAGAIN) return false;
+    if (!lost_.masking())
+      fail_fi(op->write == no_ticket ? "libfabric signal" : "libfabric write", op->peer,
+              "fi_writemsg", rc);
+    lose_peer(op->peer, std::string("fi_writemsg failed: ") + fi_strerror(static_cast<int>(-rc)));
+    on_completion_of(op);
+    return true;
+  }
+
   // Posts `op`; false when the provider's queues are full (-FI_EAGAIN) and it
-  // must be tried again after progress. Never blocks, so a peer that stops
-  // draining cannot stall the proxy or, through it, the other peers.
+  // must be tried again after progress.
   bool try_post(posted* op) {
+    const ssize_t rc = write_now(op);
+    if (rc == 0) return true;
+    if (rc == -FI_EAGAIN) return false;
+    fail_fi(op->write == no_ticket ? "libfabric signal" : "libfabric write", op->peer,
+            "fi_writemsg", rc);
+  }
+
+  // One fi_writemsg of `op`: 0, -FI_EAGAIN when the provider's queues are
+  // full, or the provider's error. Never blocks, so a peer that stops
+  // draining cannot stall the proxy or, through it, the other peers.
+  ssize_t write_now(posted* op) {
     const peer_state& peer = peers_[op->peer];
     const remote_region& to = op->on_abort_lane ? peer.abort_words : peer.regions[op->region];
     iovec iov{op->local, op->bytes};
@@ -999,11 +1053,7 @@ class transport : public proxy::rma_transport_base {
     msg.data = op->cq_data.value_or(0);
     const std::uint64_t flags =
         FI_COMPLETION | FI_DELIVERY_COMPLETE | (op->cq_data ? FI_REMOTE_CQ_DATA : 0);
-    const ssize_t rc = fi_writemsg(op->on_abort_lane ? lane_.ep : ep_, &msg, flags);
-    if (rc == 0) return true;
-    if (rc == -FI_EAGAIN) return false;
-    fail_fi(op->write == no_ticket ? "libfabric signal" : "libfabric write", op->peer,
-            "fi_writemsg", rc);
+    return fi_writemsg(op->on_abort_lane ? lane_.ep : ep_, &msg, flags);
   }
 
   // Queued writes to a peer that exited never go: they are dropped (with the
@@ -1011,10 +1061,19 @@ class transport : public proxy::rma_transport_base {
   // nor hold up teardown, and the loss is reported once.
   // Nothing is posted to a peer known exited: over the shm provider the
   // write could wait for good on a lock it held.
+  // When masking, the peer is lost instead, and what it was owed counts
+  // complete.
   void retry_backlog(int peer) {
     auto& p = peers_[peer];
-    if (!peer_exited(peer)) {
-      while (!p.backlog.empty() && try_post(p.backlog.front())) p.backlog.pop_front();
+    if (lost_.masking() && !lost(peer) && peer_exited(peer)) lose_peer(peer, {});
+    while (!p.backlog.empty() && !peer_exited(peer)) {
+      if (!post_data(p.backlog.front())) return;
+      p.backlog.pop_front();
+    }
+    if (p.backlog.empty()) return;
+    if (lost(peer)) {
+      for (posted* op : p.backlog) on_completion_of(op);
+      p.backlog.clear();
       return;
     }
     const std::size_t dropped = p.backlog.size();
@@ -1057,6 +1116,7 @@ class transport : public proxy::rma_transport_base {
       progress_lane();  // an abort first: it names the root cause
     }
     drain_cq(cq_);
+    if (lost_.masking()) find_exited_peers([&](int p) { lose_peer(p, {}); });
     std::optional<error> first;
     for (int p = 0; p < world_; ++p) {
       try {
@@ -1076,7 +1136,10 @@ class transport : public proxy::rma_transport_base {
     for (;;) {
       const ssize_t n = fi_cq_read(cq, entries, 32);
       if (n == -FI_EAGAIN) return;
-      if (n == -FI_EAVAIL) fail_from_cq_error(cq);
+      if (n == -FI_EAVAIL) {
+        on_cq_error(cq);
+        continue;
+      }
       if (n < 0) fail_fi("libfabric progress", no_peer, "fi_cq_read", n);
       for (ssize_t i = 0; i < n; ++i) on_completion(entries[i]);
       if (n < 32) return;
@@ -1102,32 +1165,68 @@ class transport : public proxy::rma_transport_base {
 
   // The lane's operations complete on the lane's queue (lane_mu_ held), the
   // data path's on its own (mu_ held).
+  // An operation lost with its peer was counted complete then: its
+  // completion only gives it back.
   void on_completion_of(posted* op) {
     if (op->on_abort_lane) {
       lane_.ops.release(op);
       return;
     }
-    if (op->write != no_ticket) peers_[op->peer].writes.complete(op->write);
-    if (op->ticket != no_ticket) tickets_.complete(op->ticket);
+    if (op->abandoned)
+      --ops_.abandoned;
+    else
+      settle(op);
     ops_.release(op);
   }
 
-  [[noreturn]] void fail_from_cq_error(fid_cq* cq) {
+  void settle(const posted* op) {
+    if (op->write != no_ticket) peers_[op->peer].writes.complete(op->write);
+    if (op->ticket != no_ticket) tickets_.complete(op->ticket);
+  }
+
+  // A completion error fails the transport, naming the operation's peer. When
+  // masking, it loses that peer instead (a lost abort write is dropped: the
+  // abort is best effort towards a peer that is gone), and an error that
+  // names no operation of this rank's is ignored: a peer's lost connection
+  // may surface so, and what it concerns is that peer's.
+  void on_cq_error(fid_cq* cq) {
     fi_cq_err_entry err{};
     const ssize_t r = fi_cq_readerr(cq, &err, 0);
     if (r < 0) fail_fi("libfabric progress", no_peer, "fi_cq_readerr", r);
     auto* op = static_cast<posted*>(err.op_context);
-    const int peer = op != nullptr ? op->peer : no_peer;
-    const bool signal = op != nullptr && op->write == no_ticket;
-    if (op != nullptr) on_completion_of(op);  // failed, but no longer the provider's
     char detail[256] = {};
     const char* provider_text =
         fi_cq_strerror(cq, err.prov_errno, err.err_data, detail, sizeof detail);
-    fail(signal ? "libfabric signal" : "libfabric write", peer,
-         std::string("completion error: ") + fi_strerror(err.err) +
-             (provider_text != nullptr && *provider_text != '\0'
-                  ? std::string(" (") + provider_text + ")"
-                  : std::string()));
+    const std::string cause = std::string("completion error: ") + fi_strerror(err.err) +
+                              (provider_text != nullptr && *provider_text != '\0'
+                                   ? std::string(" (") + provider_text + ")"
+                                   : std::string());
+    if (lost_.masking()) {
+      if (op != nullptr && !op->on_abort_lane) lose_peer(op->peer, cause);
+      if (op != nullptr) on_completion_of(op);
+      return;
+    }
+    const int peer = op != nullptr ? op->peer : no_peer;
+    const bool signal = op != nullptr && op->write == no_ticket;
+    if (op != nullptr) on_completion_of(op);  // failed, but no longer the provider's
+    fail(signal ? "libfabric signal" : "libfabric write", peer, cause);
+  }
+
+  // ---- lost peers (mask_lost_peers; mu_ held) ------------------------------
+
+  bool lost(int peer) const { return lost_.lost(peer); }
+
+  // Marks `peer` lost (`cause`: how the fabric failed it; empty: its process
+  // exited). Every operation to it not yet complete counts complete now; the
+  // provider's completions of those in flight only give them back later.
+  void lose_peer(int peer, std::string cause) {
+    if (!lost_.mark(peer, std::move(cause))) return;
+    for (const auto& op : ops_.all)
+      if (op->live && !op->abandoned && op->peer == peer) {
+        settle(op.get());
+        op->abandoned = true;
+        ++ops_.abandoned;
+      }
   }
 
   std::size_t max_write_ = 0;
@@ -1160,8 +1259,6 @@ class transport : public proxy::rma_transport_base {
   // rank a barrier, a connection-hello, an abort and an abort-lane hello slot.
   std::vector<std::uint64_t> counters_;
   std::vector<peer_state> peers_;
-  proxy::process_identity self_ = proxy::this_process();
-  std::vector<proxy::process_identity> processes_;
   std::vector<std::string> shm_addresses_;      // this rank's endpoints over the shm provider
   op_pool ops_;                                 // the data path's
   std::atomic<std::size_t> abort_notices_ = 0;  // peers' abort notices received
@@ -1174,5 +1271,6 @@ static_assert(has_completion_count<transport>);
 static_assert(has_abort<transport>);
 static_assert(has_serve<transport>);
 static_assert(gpu_fed_transport<transport>);
+static_assert(has_lost_peer_masking<transport>);
 
 }  // namespace epcomm::libfabric

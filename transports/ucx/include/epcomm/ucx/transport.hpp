@@ -17,7 +17,11 @@
 // emulated paths need the target to progress its worker: the proxy does. A
 // peer that fails (ucp error handling mode PEER), exits (same host, by pid)
 // or leaves (its goodbye word, see the destructor), or an operation that
-// completes with an error, latches an epcomm::error naming the peer. Calls are
+// completes with an error, latches an epcomm::error naming the peer, unless
+// mask_lost_peers() was called (an engine that masks lost ranks): then that
+// peer alone is lost, its endpoint closed (so its requests complete), what is
+// later issued to it counts complete without moving, and only a wait for it
+// fails. Calls are
 // serialized by a mutex (worker in UCS_THREAD_MODE_SERIALIZED), so wait() and
 // barrier() may run while a proxy thread issues operations and progresses.
 //
@@ -74,7 +78,6 @@ class transport : public proxy::rma_transport_base {
                            effective_timeout(opt.timeout), "ucx"),
         slots_(signal_slots + 2 * static_cast<std::size_t>(boot.world_size())),
         peers_(boot.world_size()),
-        processes_(boot.world_size()),
         said_goodbye_(boot.world_size(), false) {
     if (const char* tls = std::getenv("UCX_TLS")) {
       name_ += std::string("/") + tls;
@@ -112,8 +115,7 @@ class transport : public proxy::rma_transport_base {
       const deadline dl = teardown_deadline();
       auto progress = [&] { progress_locked(); };
       auto reachable = [&](int p) {
-        return p != rank_ && p != culprit && peers_[p].ep != nullptr &&
-               !proxy::exited(processes_[p], self_);
+        return p != rank_ && p != culprit && peers_[p].ep != nullptr && !peer_exited(p);
       };
       drain([&] { return outstanding_ == 0; }, dl, progress);
       const std::uint64_t goodbye = failed ? encode_abort(culprit) : left_cleanly_word;
@@ -147,8 +149,9 @@ class transport : public proxy::rma_transport_base {
   void put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes) {
     std::lock_guard lock(mu_);
     check_op("put", peer, local_off, remote_off, bytes);
-    if (peer == rank_) {
-      local_[data_region].memory.copy_within(rank_, "put", remote_off, local_off, bytes);
+    if (peer == rank_ || lost(peer)) {
+      if (peer == rank_)
+        local_[data_region].memory.copy_within(rank_, "put", remote_off, local_off, bytes);
       tickets_.open(0);
       return;
     }
@@ -161,9 +164,11 @@ class transport : public proxy::rma_transport_base {
     std::lock_guard lock(mu_);
     check_op("put_signal", peer, local_off, remote_off, bytes);
     check_slot("put_signal", peer, slot);
-    if (peer == rank_) {
-      local_[data_region].memory.copy_within(rank_, "put_signal", remote_off, local_off, bytes);
-      add_local(slot, n);
+    if (peer == rank_ || lost(peer)) {
+      if (peer == rank_) {
+        local_[data_region].memory.copy_within(rank_, "put_signal", remote_off, local_off, bytes);
+        add_local(slot, n);
+      }
       tickets_.open(0);
       return;
     }
@@ -177,8 +182,8 @@ class transport : public proxy::rma_transport_base {
     std::lock_guard lock(mu_);
     check_peer("signal_add", peer);
     check_slot("signal_add", peer, slot);
-    if (peer == rank_) {
-      add_local(slot, n);
+    if (peer == rank_ || lost(peer)) {
+      if (peer == rank_) add_local(slot, n);
       tickets_.open(0);
       return;
     }
@@ -188,7 +193,7 @@ class transport : public proxy::rma_transport_base {
   void flush(int peer) {
     std::lock_guard lock(mu_);
     check_peer("flush", peer);
-    if (peer == rank_) {
+    if (peer == rank_ || lost(peer)) {
       tickets_.open(0);
       return;
     }
@@ -274,11 +279,28 @@ class transport : public proxy::rma_transport_base {
     if (!claim_abort(word)) return;
     std::lock_guard lock(mu_);
     for (int p = 0; p < world_; ++p)
-      if (p != rank_ && !said_goodbye_[p] && peers_[p].ep != nullptr &&
-          !proxy::exited(processes_[p], self_))
+      if (p != rank_ && !said_goodbye_[p] && peers_[p].ep != nullptr && !peer_exited(p))
         suppress_latched([&] { post_goodbye(p, word); });
     // Sends what the transport sends only when progressed (tcp).
     suppress_latched([&] { progress_locked(); });
+  }
+
+  // See has_lost_peer_masking. Needs every endpoint to report its peer's
+  // failure (UCP_ERR_HANDLING_MODE_PEER): one that does not (UCX's
+  // shared-memory transports) neither fails the requests of a peer that is
+  // gone nor lets its endpoint be force-closed.
+  void mask_lost_peers() {
+    std::lock_guard lock(mu_);
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && !peers_[p].reports_failure)
+        throw error(rank_, "ucx setup", no_peer,
+                    "mask_lost_ranks needs endpoints that report a peer's failure "
+                    "(UCP_ERR_HANDLING_MODE_PEER), and the one to rank " +
+                        std::to_string(p) +
+                        " does not: UCX's shared-memory transports cannot (UCX_TLS=tcp or an "
+                        "RDMA transport can) (" +
+                        name_ + ")");
+    lost_.start_masking();
   }
 
   // How many workers this process has left behind rather than destroy them
@@ -364,18 +386,28 @@ class transport : public proxy::rma_transport_base {
   // its transport: everything it sent before has landed): the wait fails at
   // once, naming it. Otherwise its loss shows as an endpoint error, a
   // goodbye after a failure (check_peer_aborts) or, at worst, the deadline.
+  // While masking, a peer that closed its transport is lost like one that
+  // exited: it writes nothing more.
   void blame_if_gone(const wait_site& site, std::size_t slot, std::uint64_t expected) {
     if (site.peer < 0 || site.peer >= world_ || site.peer == rank_) return;
-    if (counter(goodbye_slot(site.peer)) == left_cleanly_word && counter(slot) < expected)
-      fail(site.op, site.peer,
-           "peer " + std::to_string(site.peer) +
-               " closed its transport while this rank waited for " + site.what);
-    if (proxy::exited(processes_[site.peer], self_)) {
+    if (counter(goodbye_slot(site.peer)) == left_cleanly_word && counter(slot) < expected) {
+      const std::string left = "closed its transport";
+      if (lost_.masking()) lose(site.peer, left);
+      fail_gone_or(site, "peer " + std::to_string(site.peer) + " " + left +
+                             " while this rank waited for " + site.what);
+    }
+    if (peer_exited(site.peer)) {
       // A goodbye it wrote on its way out names the root cause; it has
       // landed if the exit is visible, so it is read again first.
       check_peer_aborts(site);
-      fail(site.op, site.peer, std::string("peer process exited while waiting for ") + site.what);
+      fail_gone(site);
     }
+  }
+
+  // fail_gone() while masking; otherwise `cause` fails the transport.
+  [[noreturn]] void fail_gone_or(const wait_site& site, const std::string& cause) {
+    if (lost_.masking()) fail_gone(site);
+    fail(site.op, site.peer, cause);
   }
 
   // A peer gave up on the group (aborted, or closed after a failure): every
@@ -660,12 +692,18 @@ class transport : public proxy::rma_transport_base {
     } else if (UCS_PTR_IS_ERR(r)) {
       const int peer = op->peer;
       finish(op, UCS_OK);
+      if (lost_.masking() && peer != no_peer) {
+        lose(peer, std::string(call) + " failed: " + ucs_status_string(UCS_PTR_STATUS(r)));
+        return;
+      }
       fail_status("ucx operation", peer, call, UCS_PTR_STATUS(r));
     }
   }
 
   void finish(op_record* op, ucs_status_t status) {
-    if (status != UCS_OK && !deferred_error_)
+    if (status != UCS_OK && lost_.masking())
+      lose(op->peer, std::string(op->call) + " completed with: " + ucs_status_string(status));
+    else if (status != UCS_OK && !deferred_error_)
       deferred_error_ =
           error(rank_, "ucx operation", op->peer,
                 std::string(op->call) + " completed with: " + ucs_status_string(status) + " (" +
@@ -686,6 +724,10 @@ class transport : public proxy::rma_transport_base {
     auto* ctx = static_cast<peer_ref*>(arg);
     transport& self = *ctx->self;
     self.disconnect(ctx->peer);
+    if (self.lost_.masking()) {
+      self.lose(ctx->peer, std::string("endpoint failed: ") + ucs_status_string(status));
+      return;
+    }
     // A peer that said goodbye closed its end on purpose.
     if (self.counter(self.goodbye_slot(ctx->peer)) != 0) return;
     if (!self.deferred_error_)
@@ -724,12 +766,32 @@ class transport : public proxy::rma_transport_base {
   void progress_locked() {
     for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
     }
+    if (lost_.masking()) close_lost_endpoints();
     if (deferred_error_) {
       const error e = *deferred_error_;
       deferred_error_.reset();
       failure_.latch(e);
       throw e;
     }
+  }
+
+  // ---- lost peers (mask_lost_peers; mu_ held) ------------------------------
+
+  bool lost(int peer) const { return lost_.lost(peer); }
+
+  // Marks `peer` lost (`cause`: how; empty: its process exited). Its endpoint
+  // is closed by the next progress (not here: this may run inside a UCX
+  // callback), which completes its requests.
+  void lose(int peer, std::string cause) {
+    if (peer != no_peer && peer != rank_) lost_.mark(peer, std::move(cause));
+  }
+
+  // Peers whose process exited are lost too, and lost peers' endpoints are
+  // closed, forced, which completes their requests.
+  void close_lost_endpoints() {
+    find_exited_peers([&](int p) { lose(p, {}); });
+    for (int p = 0; p < world_; ++p)
+      if (lost(p)) disconnect(p);
   }
 
   std::size_t slots_;                // user slots, then per rank one barrier and one goodbye slot
@@ -741,8 +803,6 @@ class transport : public proxy::rma_transport_base {
 
   std::optional<error> deferred_error_;
   std::vector<peer_state> peers_;
-  proxy::process_identity self_ = proxy::this_process();
-  std::vector<proxy::process_identity> processes_;
   std::vector<bool> said_goodbye_;         // this rank's goodbye is out to that peer
   std::vector<ucs_status_ptr_t> closing_;  // endpoints being closed (disconnect)
   std::vector<std::unique_ptr<op_record>> pool_;
@@ -757,5 +817,6 @@ static_assert(has_completion_count<transport>);
 static_assert(has_abort<transport>);
 static_assert(has_serve<transport>);
 static_assert(gpu_fed_transport<transport>);
+static_assert(has_lost_peer_masking<transport>);
 
 }  // namespace epcomm::ucx
