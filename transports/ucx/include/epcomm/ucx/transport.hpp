@@ -616,6 +616,15 @@ class transport : public proxy::rma_transport_base {
     return op;
   }
 
+  // Masking: a peer lost meanwhile (UCX may have run its error callback
+  // inside the call just made for the same operation, a put before a signal)
+  // gets nothing more, and this part of the operation counts complete.
+  bool skipped_lost(int peer, std::uint64_t ticket) {
+    if (!lost(peer)) return false;
+    if (ticket != no_ticket) tickets_.complete(ticket);
+    return true;
+  }
+
   // The endpoint to `peer`, unless disconnect() closed it after a failure.
   ucp_ep_h endpoint(const char* op, int peer) {
     if (peers_[peer].ep == nullptr)
@@ -633,6 +642,7 @@ class transport : public proxy::rma_transport_base {
 
   void post_put(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
                 std::uint64_t ticket) {
+    if (skipped_lost(peer, ticket)) return;
     const ucp_ep_h ep = endpoint("put", peer);
     op_record* op = acquire(peer, ticket);
     const ucp_request_param_t rp = request_param(op);
@@ -669,6 +679,7 @@ class transport : public proxy::rma_transport_base {
     // Everything issued before completes at its target before the add.
     const ucs_status_t s = ucp_worker_fence(worker_);
     if (s != UCS_OK) fail_status("ucx signal", peer, "ucp_worker_fence", s);
+    if (skipped_lost(peer, ticket)) return;
     const ucp_ep_h ep = endpoint("ucx signal", peer);
     op_record* op = acquire(peer, ticket);
     op->operand = n;
