@@ -67,3 +67,30 @@ TEST_CASE("a survivor with requests queued for a dead peer closes without dying"
   });
   CHECK(test::all_ok(codes, "closing with requests for a dead peer"));
 }
+
+TEST_CASE(
+    "over tcp puts and signals go as the transport's own messages, over shared memory by RMA") {
+  // UCX emulates RMA over tcp with requests the target answers, and an
+  // answer to a peer that has just died aborts the target (messages.hpp).
+  INFO("transport:", test::provider_environment());
+  const char* tls = std::getenv("UCX_TLS");
+  const bool tcp = tls != nullptr && std::string_view(tls) == "tcp";
+  const auto codes = launch_local(3, [&](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    const deadline dl = deadline::after(std::chrono::seconds(30));
+    ucx::transport t(boot, 4096, 1, dl);
+    for (int p = 0; p < 3; ++p)
+      if (p != rank && t.sends_messages_to(p) != tcp)
+        return test::fail_rank(rank, "peer " + std::to_string(p) + ": the wrong data path");
+    try {
+      (void)t.sends_messages_to(3);
+      return test::fail_rank(rank, "a peer outside the group was accepted");
+    } catch (const error& e) {
+      if (std::string_view(e.what()).find("outside [0, 3)") == std::string_view::npos)
+        return test::fail_rank(rank, e.what());
+    }
+    t.barrier(dl);
+    return 0;
+  });
+  CHECK(test::all_ok(codes, "data path per transport"));
+}

@@ -13,8 +13,13 @@
 //   self        memcpy and a local counter add.
 //
 // Works with any UCX_TLS that offers RMA and 64-bit atomics, natively or
-// emulated over active messages (shared memory: posix, sysv, cma; tcp). The
-// emulated paths need the target to progress its worker: the proxy does. A
+// emulated over active messages (shared memory: posix, sysv, cma; tcp). To a
+// peer whose endpoint has no native RMA and atomic lanes (tcp), puts, adds,
+// goodbyes and flushes go as the transport's own active messages instead
+// (messages.hpp says why: UCX's emulation can abort a survivor), applied by
+// the target in the order they were sent; a flush completes when the
+// target's reply comes. Both need the target to progress its worker: the
+// proxy does. A
 // peer that fails (ucp error handling mode PEER), exits (same host, by pid)
 // or leaves (its goodbye word, see the destructor), or an operation that
 // completes with an error, latches an epcomm::error naming the peer, unless
@@ -37,8 +42,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -54,6 +61,7 @@
 #include "epcomm/transport/process_identity.hpp"
 #include "epcomm/transport/rma/base.hpp"
 #include "epcomm/transport/rma/symmetric_memory.hpp"
+#include "epcomm/ucx/messages.hpp"
 
 namespace epcomm::ucx {
 
@@ -78,7 +86,8 @@ class transport : public proxy::rma_transport_base {
                            effective_timeout(opt.timeout), "ucx"),
         slots_(signal_slots + 2 * static_cast<std::size_t>(boot.world_size())),
         peers_(boot.world_size()),
-        said_goodbye_(boot.world_size(), false) {
+        said_goodbye_(boot.world_size(), false),
+        deliveries_(boot.world_size()) {
     if (const char* tls = std::getenv("UCX_TLS")) {
       name_ += std::string("/") + tls;
       shared_memory_only_ = only_shared_memory(tls);
@@ -199,6 +208,13 @@ class transport : public proxy::rma_transport_base {
     }
     const ucp_ep_h ep = endpoint("flush", peer);
     const std::uint64_t ticket = tickets_.open(1);
+    if (peers_[peer].by_messages) {
+      // The request carries the ticket; the reply, which comes once every
+      // earlier message has been applied there, completes it.
+      peers_[peer].flushes.push_back(acquire(peer, ticket));
+      send_message(peer, message_kind::flush_request, 0, 0, no_ticket, nullptr, 0, ticket);
+      return;
+    }
     op_record* op = acquire(peer, ticket);
     const ucp_request_param_t rp = request_param(op);
     track(op, ucp_ep_flush_nbx(ep, &rp), "ucp_ep_flush_nbx");
@@ -220,10 +236,10 @@ class transport : public proxy::rma_transport_base {
 
   // Progress that issues nothing new and throws nothing (errors are
   // latched), for a proxy whose work has ended in a failure or an abort:
-  // peers' puts and atomics on this rank's memory (emulated over tcp) are
-  // still served, so they complete and their senders can close before this
-  // rank does; UCX aborts a process that later finds requests whose senders
-  // have gone.
+  // peers' writes and signals to this rank (messages, or RMA that UCX
+  // emulates) are still served, so they complete and their senders can close
+  // before this rank does; UCX aborts a process that later finds emulated
+  // requests whose senders have gone.
   void serve() {
     std::lock_guard lock(mu_);
     suppress_latched([&] { progress_locked(); });
@@ -303,6 +319,16 @@ class transport : public proxy::rma_transport_base {
     lost_.start_masking();
   }
 
+  // Whether puts and signals to `peer` go as the transport's own active
+  // messages (its endpoint has no native RMA and atomics) rather than UCX's RMA.
+  bool sends_messages_to(int peer) const {
+    if (peer < 0 || peer >= world_)
+      throw error(
+          rank_, "sends_messages_to", no_peer,
+          "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(world_) + ")");
+    return peers_[peer].by_messages;
+  }
+
   // How many workers this process has left behind rather than destroy them
   // after losing a peer (close() says why).
   static std::atomic<int>& abandoned_workers() {
@@ -313,6 +339,7 @@ class transport : public proxy::rma_transport_base {
  private:
   static constexpr std::uint64_t no_ticket = std::numeric_limits<std::uint64_t>::max();
   static constexpr std::size_t counter_bytes = sizeof(std::uint64_t);
+  static constexpr unsigned message_id = 0;  // our active messages' UCX id
 
   // The two mapped regions, indices into local_ and a peer's rkeys and bases.
   static constexpr int counter_region = 0;
@@ -328,20 +355,27 @@ class transport : public proxy::rma_transport_base {
     int peer;
   };
 
+  struct op_record;
+
   struct peer_state {
     ucp_ep_h ep = nullptr;
     ucp_rkey_h rkeys[2] = {};
-    std::uint64_t bases[2] = {};   // remote addresses of the mapped regions
-    peer_ref error_context{};      // what the endpoint's error handler receives
-    bool reports_failure = false;  // created with UCP_ERR_HANDLING_MODE_PEER
+    std::uint64_t bases[2] = {};     // remote addresses of the mapped regions
+    peer_ref error_context{};        // what the endpoint's error handler receives
+    bool reports_failure = false;    // created with UCP_ERR_HANDLING_MODE_PEER
+    bool by_messages = false;        // writes and adds go as our active messages
+    std::uint64_t sent = 0;          // the number of the last message sent to it
+    std::deque<op_record*> flushes;  // by messages: flushes awaiting its reply, oldest first
   };
 
-  // One UCX request in flight; operand stays valid until the atomic completes.
+  // One UCX request in flight (or, by messages, a flush awaiting its reply);
+  // operand and header stay valid until the request completes.
   struct op_record {
     transport* self;
     int peer;
     std::uint64_t ticket;
     std::uint64_t operand;
+    message_header header;
     const char* call;
     void* request;  // while UCX holds it: what teardown cancels
   };
@@ -434,7 +468,7 @@ class transport : public proxy::rma_transport_base {
     if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_config_read", s);
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AM;
     s = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_init", s);
@@ -443,6 +477,15 @@ class transport : public proxy::rma_transport_base {
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // one thread at a time, under mu_
     s = ucp_worker_create(context_, &wp, &worker_);
     if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_worker_create", s);
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = message_id;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.cb = &transport::on_message;
+    hp.arg = this;
+    s = ucp_worker_set_am_recv_handler(worker_, &hp);
+    if (s != UCS_OK) fail_status("ucx setup", no_peer, "ucp_worker_set_am_recv_handler", s);
   }
 
   void map_memory(const proxy::memory_placement& data_memory) {
@@ -539,11 +582,31 @@ class transport : public proxy::rma_transport_base {
     }
     if (s != UCS_OK) fail_status("ucx setup", p, "ucp_ep_create", s);
     peers_[p].reports_failure = ep.err_mode == UCP_ERR_HANDLING_MODE_PEER;
+    // UCX's emulation of RMA reaches device memory; ours does not.
+    peers_[p].by_messages = !local_buffer_on_device() && emulates_rma(peers_[p].ep);
     for (int i : {counter_region, data_region}) {
       s = ucp_ep_rkey_unpack(peers_[p].ep, rkeys[i], &peers_[p].rkeys[i]);
       if (s != UCS_OK) fail_status("ucx setup", p, "ucp_ep_rkey_unpack", s);
       peers_[p].bases[i] = a.bases[i];
     }
+  }
+
+  // Whether UCX would emulate puts or atomics to this endpoint's peer with
+  // messages that the peer answers: no lane of the endpoint carries native
+  // RMA ("rma_bw#") or atomics ("amo#") in UCX's own description of it (UCX
+  // 1.13 offers no query for it), as over tcp.
+  static bool emulates_rma(ucp_ep_h ep) {
+    char* text = nullptr;
+    std::size_t size = 0;
+    FILE* stream = open_memstream(&text, &size);
+    if (stream == nullptr) return true;
+    ucp_ep_print_info(ep, stream);
+    std::fclose(stream);
+    const std::string_view lanes(text, size);
+    const bool native = lanes.find("rma_bw#") != std::string_view::npos &&
+                        lanes.find("amo#") != std::string_view::npos;
+    std::free(text);
+    return !native;
   }
 
   void close() {
@@ -552,6 +615,8 @@ class transport : public proxy::rma_transport_base {
     const auto bound = failure_.failed() || aborted() ? std::chrono::milliseconds(200)
                                                       : std::chrono::milliseconds(2'000);
     const deadline dl = deadline::after(std::min(timeout_, bound));
+    // Replies still awaited will not be served now.
+    for (int p = 0; p < world_; ++p) give_up_flushes(p);
     // Requests that can no longer complete (a peer failed) are cancelled, so
     // that their callbacks run and UCX gets them back.
     if (worker_ != nullptr && outstanding_ != 0) {
@@ -611,7 +676,7 @@ class transport : public proxy::rma_transport_base {
     }
     op_record* op = free_.back();
     free_.pop_back();
-    *op = op_record{this, peer, ticket, 0, "", nullptr};
+    *op = op_record{this, peer, ticket, 0, {}, "", nullptr};
     ++outstanding_;
     return op;
   }
@@ -644,9 +709,14 @@ class transport : public proxy::rma_transport_base {
                 std::uint64_t ticket) {
     if (skipped_lost(peer, ticket)) return;
     const ucp_ep_h ep = endpoint("put", peer);
+    const auto& p = peers_[peer];
+    if (p.by_messages) {
+      send_message(peer, message_kind::write, data_region, remote_off, ticket, data() + local_off,
+                   bytes);
+      return;
+    }
     op_record* op = acquire(peer, ticket);
     const ucp_request_param_t rp = request_param(op);
-    const auto& p = peers_[peer];
     track(op,
           ucp_put_nbx(ep, data() + local_off, bytes, p.bases[data_region] + remote_off,
                       p.rkeys[data_region], &rp),
@@ -661,13 +731,18 @@ class transport : public proxy::rma_transport_base {
   // issued before has completed there (the fence). Once per peer.
   void post_goodbye(int peer, std::uint64_t word) {
     said_goodbye_[peer] = true;
+    const ucp_ep_h ep = endpoint("ucx teardown", peer);
+    const auto& p = peers_[peer];
+    if (p.by_messages) {
+      send_message(peer, message_kind::write, counter_region, goodbye_slot(rank_) * counter_bytes,
+                   no_ticket, nullptr, counter_bytes, word);
+      return;
+    }
     const ucs_status_t s = ucp_worker_fence(worker_);
     if (s != UCS_OK) fail_status("ucx teardown", peer, "ucp_worker_fence", s);
-    const ucp_ep_h ep = endpoint("ucx teardown", peer);
     op_record* op = acquire(peer, no_ticket);
     op->operand = word;
     const ucp_request_param_t rp = request_param(op);
-    const auto& p = peers_[peer];
     track(op,
           ucp_put_nbx(ep, &op->operand, sizeof op->operand,
                       p.bases[counter_region] + goodbye_slot(rank_) * counter_bytes,
@@ -676,22 +751,149 @@ class transport : public proxy::rma_transport_base {
   }
 
   void post_signal(int peer, std::size_t slot, std::uint64_t n, std::uint64_t ticket) {
+    if (skipped_lost(peer, ticket)) return;
+    const ucp_ep_h ep = endpoint("ucx signal", peer);
+    const auto& p = peers_[peer];
+    if (p.by_messages) {
+      // The target applies it after every message sent to it before.
+      send_message(peer, message_kind::add, counter_region, slot * counter_bytes, ticket, nullptr,
+                   0, n);
+      return;
+    }
     // Everything issued before completes at its target before the add.
     const ucs_status_t s = ucp_worker_fence(worker_);
     if (s != UCS_OK) fail_status("ucx signal", peer, "ucp_worker_fence", s);
-    if (skipped_lost(peer, ticket)) return;
-    const ucp_ep_h ep = endpoint("ucx signal", peer);
     op_record* op = acquire(peer, ticket);
     op->operand = n;
     ucp_request_param_t rp = request_param(op);
     rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     rp.datatype = ucp_dt_make_contig(sizeof(std::uint64_t));
-    const auto& p = peers_[peer];
     track(op,
           ucp_atomic_op_nbx(ep, UCP_ATOMIC_OP_ADD, &op->operand, 1,
                             p.bases[counter_region] + slot * counter_bytes, p.rkeys[counter_region],
                             &rp),
           "ucp_atomic_op_nbx");
+  }
+
+  // Sends the next message to `peer` (messages.hpp), eager so that the
+  // target never answers it; `ticket` completes once UCX is done with the
+  // payload: `bytes` from `payload`, or with payload null the 8-byte `value`.
+  void send_message(int peer, message_kind kind, std::uint32_t region, std::uint64_t offset,
+                    std::uint64_t ticket, const std::byte* payload, std::size_t bytes,
+                    std::uint64_t value = 0) {
+    op_record* op = acquire(peer, ticket);
+    op->operand = value;
+    op->header = {kind, region, rank_, 0, ++peers_[peer].sent, offset, value};
+    ucp_request_param_t rp = request_param(op);
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_EAGER;
+    const void* from = payload != nullptr ? static_cast<const void*>(payload) : &op->operand;
+    track(op,
+          ucp_am_send_nbx(peers_[peer].ep, message_id, &op->header, sizeof op->header, from, bytes,
+                          &rp),
+          "ucp_am_send_nbx");
+  }
+
+  // UCX's handler for our messages, inside ucp_worker_progress (mu_ held).
+  static ucs_status_t on_message(void* arg, const void* header, std::size_t header_bytes,
+                                 void* data, std::size_t bytes, const ucp_am_recv_param_t* param) {
+    static_cast<transport*>(arg)->receive(header, header_bytes, data, bytes, param->recv_attr);
+    return UCS_OK;
+  }
+
+  void receive(const void* header, std::size_t header_bytes, const void* data, std::size_t bytes,
+               std::uint64_t attributes) {
+    message_header h;
+    if (header_bytes != sizeof h) return park(no_peer, "a message with a malformed header");
+    std::memcpy(&h, header, sizeof h);
+    if (h.sender < 0 || h.sender >= world_ || h.sender == rank_)
+      return park(no_peer, "a message from no peer (rank " + std::to_string(h.sender) + ")");
+    if ((attributes & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0)
+      return park(h.sender, "a message that came by rendezvous, not eagerly");
+    // A lost peer is masked: nothing more of its lands.
+    if (lost(h.sender)) return;
+    try {
+      deliveries_[h.sender].deliver(
+          rank_, h, {static_cast<const std::byte*>(data), bytes},
+          [&](const message_header& m, std::span<const std::byte> payload) { apply(m, payload); });
+    } catch (const error& e) {
+      if (!deferred_error_) deferred_error_ = e;
+    }
+  }
+
+  void apply(const message_header& h, std::span<const std::byte> payload) {
+    const auto refuse = [&](const std::string& what) {
+      throw error(rank_, "ucx message", h.sender, what);
+    };
+    const bool to_counter = h.region == counter_region;
+    if (h.kind == message_kind::write || h.kind == message_kind::add) {
+      if (!to_counter && h.region != data_region)
+        refuse("a message to region " + std::to_string(h.region));
+      const std::size_t size = to_counter ? slots_ * counter_bytes : bytes_;
+      const std::size_t length = h.kind == message_kind::add ? counter_bytes : payload.size();
+      if (h.offset > size || length > size - h.offset)
+        refuse("a message past the end of its region (offset " + std::to_string(h.offset) + ", " +
+               std::to_string(length) + " bytes, region of " + std::to_string(size) + ")");
+      if (to_counter && (h.offset % counter_bytes != 0 || length != counter_bytes))
+        refuse("a message to the counters that is not one aligned word");
+      if (!to_counter && local_buffer_on_device())
+        refuse("a write message to a buffer in device memory");
+    }
+    const std::size_t slot = h.offset / counter_bytes;
+    switch (h.kind) {
+      case message_kind::write:
+        if (to_counter) {
+          std::uint64_t word;
+          std::memcpy(&word, payload.data(), sizeof word);
+          std::atomic_ref<std::uint64_t>(*counter_word(slot))
+              .store(word, std::memory_order_release);
+        } else {
+          std::memcpy(data() + h.offset, payload.data(), payload.size());
+        }
+        return;
+      case message_kind::add:
+        if (!to_counter) refuse("an add outside the counters");
+        add_local(slot, h.value);
+        return;
+      case message_kind::flush_request:
+        flush_replies_.push_back({h.sender, h.value});
+        return;
+      case message_kind::flush_reply: {
+        auto& waiting = peers_[h.sender].flushes;
+        if (waiting.empty() || waiting.front()->ticket != h.value)
+          refuse("a reply to flush " + std::to_string(h.value) + ", which is not the next one");
+        op_record* op = waiting.front();
+        waiting.pop_front();
+        finish(op, UCS_OK);
+        return;
+      }
+    }
+    refuse("a message of unknown kind " + std::to_string(static_cast<std::uint32_t>(h.kind)));
+  }
+
+  void park(int peer, const std::string& what) {
+    if (!deferred_error_) deferred_error_ = error(rank_, "ucx message", peer, "received " + what);
+  }
+
+  // Flush requests applied during progress are answered after it, through
+  // the requester's endpoint unless that has gone (its failure is reported
+  // there, and nobody awaits the reply).
+  void send_flush_replies() {
+    for (const auto& [peer, ticket] : flush_replies_)
+      if (peers_[peer].ep != nullptr && !lost(peer))
+        send_message(peer, message_kind::flush_reply, 0, 0, no_ticket, nullptr, 0, ticket);
+    flush_replies_.clear();
+  }
+
+  // By messages: flushes to `peer` whose reply will not come count complete;
+  // whoever gave up on the peer reports why.
+  void give_up_flushes(int peer) {
+    auto& waiting = peers_[peer].flushes;
+    while (!waiting.empty()) {
+      op_record* op = waiting.front();
+      waiting.pop_front();
+      finish(op, UCS_OK);
+    }
   }
 
   // Finishes `op` now if UCX completed it inline, else when its callback runs.
@@ -747,16 +949,15 @@ class transport : public proxy::rma_transport_base {
           std::string("endpoint failed: ") + ucs_status_string(status) + " (" + self.name_ + ")");
   }
 
-  // Starts closing the endpoint to `peer`; close() settles it. The error
-  // callback calls it at once for a failed peer: UCX 1.13 emulates RMA over
-  // tcp with active messages that the target answers, and a request from
-  // the failed peer still delivered afterwards would be answered through the
-  // failed endpoint, which UCX treats as fatal ("ucp_request.inl:346 Fatal:
-  // unexpected error: Endpoint timeout" in ucp_put_handler or
-  // ucp_atomic_req_handler: 3 survivors in 1200 of the fault stress).
-  // Without the endpoint such a request finds nobody to answer and is
+  // Starts closing the endpoint to `peer`; close() settles it, and its
+  // flushes awaiting a reply count complete. The error callback calls it at
+  // once for a failed peer: where UCX still emulates RMA (device memory over
+  // tcp), a request from the failed peer delivered afterwards would be
+  // answered through the failed endpoint, which UCX treats as fatal
+  // (messages.hpp); without the endpoint it finds nobody to answer and is
   // dropped.
   void disconnect(int peer) {
+    give_up_flushes(peer);
     peer_state& p = peers_[peer];
     if (p.ep == nullptr) return;
     for (ucp_rkey_h& k : p.rkeys) {
@@ -777,6 +978,7 @@ class transport : public proxy::rma_transport_base {
   void progress_locked() {
     for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
     }
+    send_flush_replies();
     if (lost_.masking()) close_lost_endpoints();
     if (deferred_error_) {
       const error e = *deferred_error_;
@@ -814,8 +1016,10 @@ class transport : public proxy::rma_transport_base {
 
   std::optional<error> deferred_error_;
   std::vector<peer_state> peers_;
-  std::vector<bool> said_goodbye_;         // this rank's goodbye is out to that peer
-  std::vector<ucs_status_ptr_t> closing_;  // endpoints being closed (disconnect)
+  std::vector<bool> said_goodbye_;             // this rank's goodbye is out to that peer
+  std::vector<in_order_delivery> deliveries_;  // per sender, its messages to this rank
+  std::vector<std::pair<int, std::uint64_t>> flush_replies_;  // (requester, ticket) to answer
+  std::vector<ucs_status_ptr_t> closing_;                     // endpoints being closed (disconnect)
   std::vector<std::unique_ptr<op_record>> pool_;
   std::vector<op_record*> free_;
   std::size_t outstanding_ = 0;           // requests not yet completed
