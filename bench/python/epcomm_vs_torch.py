@@ -180,8 +180,8 @@ def rank_main(rank, world, port, args, out_path):
             json.dump({"copy_bandwidth_gbps": bandwidth / 1e9, "records": records}, f)
     # A gloo group left to the interpreter's exit can abort the process
     # ("terminate called without an active exception": its threads outlive
-    # it; pytorch/pytorch#190489): 2 of about 10 full test runs here. Released in order,
-    # the buffer first, as a DeepEP user does.
+    # it; pytorch/pytorch#190489), as bench_smoke_python did in CI. Released
+    # in order, the buffer first, as a DeepEP user does.
     buf.destroy()
     dist.barrier()
     dist.destroy_process_group()
