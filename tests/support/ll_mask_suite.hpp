@@ -81,7 +81,6 @@ bool survivors_mask(leaving how) {
   const ll_case c{.world = 3, .hidden = 1024, .experts = 6, .max_topk = 4, .max_tokens = 16};
   constexpr int lost = 2;
   constexpr int calls = 5;
-  const auto start = steady::now();
   const auto codes = launch_local(c.world, [&](local_bootstrap& boot) {
     const int rank = boot.rank();
     low_latency_buffer<Transport> buf(boot, masked_config(c, std::chrono::seconds(20)));
@@ -92,6 +91,7 @@ bool survivors_mask(leaving how) {
     // Every rank has its first call's results: the lost rank's rows of it
     // have landed, so the loss falls within the later calls only.
     boot.barrier(deadline::after(std::chrono::seconds(20)));
+    const auto after_setup = steady::now();
     if (rank == lost && how == leaving::after_a_call) return 0;
     if (rank == lost && how == leaving::at_dispatch) std::_Exit(0);
     std::uint64_t masked_total = 0;
@@ -122,11 +122,13 @@ bool survivors_mask(leaving how) {
     }
     // Random routing over 6 experts must have reached rank 2's: otherwise
     // nothing above was masked and the checks prove nothing.
-    return masked_total > 0 ? 0 : 24;
+    if (masked_total == 0) return 24;
+    // The deadline is 20 s: the loss was seen as the process's end. (Set-up
+    // is not counted: under ThreadSanitizer, beside other tests, it has
+    // taken most of 10 s.)
+    return took_under(after_setup, std::chrono::seconds(10), rank);
   });
-  const bool ok = all_ok(codes, name(how));
-  // The deadline is 20 s: the loss was seen as the process's end.
-  return ok && steady::now() - start < std::chrono::seconds(10);
+  return all_ok(codes, name(how));
 }
 
 }  // namespace epcomm::test::ll

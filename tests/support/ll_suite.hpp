@@ -105,6 +105,10 @@ inline low_latency_config config_of(const ll_case& c) {
   low_latency_config cfg{c.experts,    c.hidden,      c.max_topk,
                          c.max_tokens, c.round_scale, std::chrono::seconds(30)};
   cfg.scale_layout = c.scale_layout;
+  // Set-up has its own, longer bound: three tcp;ofi_rxm ranks connecting
+  // under ThreadSanitizer, beside other tests on two cores, have taken over
+  // 20 s (CI), where alone they take about one.
+  cfg.setup_timeout = std::chrono::seconds(60);
   return cfg;
 }
 
