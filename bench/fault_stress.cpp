@@ -126,7 +126,7 @@ void run_cell(const fabric& f, fault::action what, fault::point at, int world, c
     t.wrong_culprit += wrong;
     t.deadline_waits += waited;
     if (wrong || waited)
-      std::fprintf(stderr, "%s %s @ %s, %d ranks: rank %d: %s\n", f.name.c_str(), action_name(what),
+      std::fprintf(stderr, "%s %s @ %s, %d ranks: rank %d: %s\n", f.name.c_str(), fault::name(what),
                    fault::name(at), world, r, text.c_str());
     t.slowest_ms = std::max<std::int64_t>(t.slowest_ms, rep.took_us / 1000);
   }
@@ -134,7 +134,7 @@ void run_cell(const fabric& f, fault::action what, fault::point at, int world, c
     if (!before.contains(name)) {
       ++t.leftovers;
       std::fprintf(stderr, "%s %s @ %s, %d ranks: left /dev/shm/%s\n", f.name.c_str(),
-                   action_name(what), fault::name(at), world, name.c_str());
+                   fault::name(what), fault::name(at), world, name.c_str());
     }
 }
 
@@ -158,14 +158,25 @@ std::vector<std::string> split(const std::string& list) {
   std::exit(2);
 }
 
+// The enumerators a comma-separated list names, in its order.
+template <class Enum, std::size_t N>
+std::vector<Enum> parse_names(const std::string& list, const enum_names<Enum, N>& names,
+                              const std::string& what) {
+  std::vector<Enum> out;
+  for (const auto& name : split(list)) {
+    const auto e = names.parse(name);
+    if (!e) usage("unknown " + what + " '" + name + "'");
+    out.push_back(*e);
+  }
+  return out;
+}
+
 struct options {
   int runs = 1;
   std::vector<std::string> fabrics;
   std::vector<int> ranks = {3, 4};
-  std::vector<fault::action> actions = {fault::action::exit, fault::action::stall,
-                                        fault::action::drop};
-  std::vector<fault::point> points = {fault::point::before_notify, fault::point::mid_dispatch,
-                                      fault::point::mid_combine, fault::point::low_latency};
+  std::vector<fault::action> actions = every_action;
+  std::vector<fault::point> points = every_point;
 };
 
 options parse(int argc, char** argv) {
@@ -187,26 +198,9 @@ options parse(int argc, char** argv) {
         o.ranks.push_back(n);
       }
     } else if (arg == "--action") {
-      o.actions.clear();
-      for (const auto& a : split(value)) {
-        if (a == "exit")
-          o.actions.push_back(fault::action::exit);
-        else if (a == "stall")
-          o.actions.push_back(fault::action::stall);
-        else if (a == "drop")
-          o.actions.push_back(fault::action::drop);
-        else
-          usage("unknown action '" + a + "'");
-      }
+      o.actions = parse_names(value, fault::action_names, "action");
     } else if (arg == "--point") {
-      o.points.clear();
-      for (const auto& p : split(value)) {
-        try {
-          o.points.push_back(fault::parse("rank=0,point=" + p + ",action=exit").at);
-        } catch (const error&) {
-          usage("unknown point '" + p + "'");
-        }
-      }
+      o.points = parse_names(value, fault::point_names, "point");
     } else {
       usage("unknown option " + arg);
     }
@@ -246,7 +240,7 @@ int main(int argc, char** argv) {
           for (const auto& c : t.crashes) crashes += (crashes.empty() ? " (status " : ", ") + c;
           if (!crashes.empty()) crashes += ")";
           std::printf("| %s | %d | %s | %s | %d | %d | %d%s | %d | %d | %d | %d | %d | %lld |\n",
-                      f.name.c_str(), world, action_name(what), fault::name(at), t.runs,
+                      f.name.c_str(), world, fault::name(what), fault::name(at), t.runs,
                       t.survivors, t.crashed, crashes.c_str(), t.unnoticed, t.wrong_culprit,
                       t.deadline_waits, t.regroup_failed, t.leftovers,
                       static_cast<long long>(t.slowest_ms));

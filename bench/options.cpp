@@ -5,6 +5,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "epcomm/core/enum_names.hpp"
+
 namespace epcomm::bench {
 namespace {
 
@@ -60,15 +62,8 @@ void apply_quick(options& o) {
 }  // namespace
 
 const char* name(dtype t) {
-  switch (t) {
-    case dtype::bf16:
-      return "bf16";
-    case dtype::fp8_e4m3:
-      return "fp8_e4m3";
-    case dtype::fp32:
-      return "fp32";
-  }
-  return "?";
+  static constexpr auto names = names_for<dtype, dtype::fp32>("bf16", "fp8_e4m3", "fp32");
+  return names(t);
 }
 
 std::string usage() {

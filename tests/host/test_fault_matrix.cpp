@@ -8,12 +8,10 @@
 using namespace epcomm;
 
 TEST_CASE("fault matrix over the shm transport: {exit, stall, drop} x protocol points") {
-  test::faults::run_matrix<shm::transport>(
-      {fault::action::exit, fault::action::stall, fault::action::drop},
-      {fault::point::before_notify, fault::point::mid_dispatch, fault::point::mid_combine,
-       fault::point::low_latency},
-      {std::chrono::milliseconds(1'000), std::chrono::milliseconds(4'000),
-       std::chrono::milliseconds(2'500)});
+  using namespace test::faults;
+  run_matrix<shm::transport>(every_action, every_point,
+                             {std::chrono::milliseconds(1'000), std::chrono::milliseconds(4'000),
+                              std::chrono::milliseconds(2'500)});
 }
 
 TEST_CASE("a malformed fault spec is an error, not a silently disarmed fault") {
@@ -28,4 +26,19 @@ TEST_CASE("a malformed fault spec is an error, not a silently disarmed fault") {
   CHECK(p.what == fault::action::stall);
   CHECK(p.stall == std::chrono::milliseconds(5));
   CHECK(p.hit == 3);
+}
+
+// One table per enum (core/enum_names.hpp) names and parses it.
+static_assert(fault::action_names.parse("drop") == fault::action::drop);
+static_assert(!fault::point_names.parse("nowhere").has_value());
+
+TEST_CASE("every fault point and action reads back from its name") {
+  for (auto at : {fault::point::before_notify, fault::point::mid_dispatch,
+                  fault::point::mid_combine, fault::point::low_latency})
+    CHECK(fault::parse(std::string("rank=0,point=") + fault::name(at)).at == at);
+  for (auto what : {fault::action::exit, fault::action::stall, fault::action::drop})
+    CHECK(fault::parse(std::string("rank=0,action=") + fault::name(what)).what == what);
+  CHECK(std::string(fault::name(static_cast<fault::action>(3))) == "?");
+  CHECK_THROWS_WITH_AS(fault::parse("rank=0,action=explode"),
+                       doctest::Contains("unknown action 'explode'"), error);
 }

@@ -16,10 +16,9 @@ TEST_CASE("fault matrix over libfabric: {exit, stall, drop} x protocol points") 
   // A call over tcp;ofi_rxm under ThreadSanitizer takes up to a few hundred
   // ms on a loaded 2-core machine: a 3 s deadline, and a stall of 5 s that
   // outlasts it. (Set-up, 2.5-3 s there, has its own bound: setup_timeout.)
-  test::faults::run_matrix<libfabric::transport>(
-      {fault::action::exit, fault::action::stall, fault::action::drop},
-      {fault::point::before_notify, fault::point::mid_dispatch, fault::point::mid_combine,
-       fault::point::low_latency},
+  using namespace test::faults;
+  run_matrix<libfabric::transport>(
+      every_action, every_point,
       {std::chrono::milliseconds(3'000), std::chrono::milliseconds(5'000),
        std::chrono::milliseconds(2'500)});
 }

@@ -9,12 +9,7 @@
 
 using namespace epcomm;
 
-namespace {
-
-constexpr auto every_point = {fault::point::before_notify, fault::point::mid_dispatch,
-                              fault::point::mid_combine, fault::point::low_latency};
-
-}  // namespace
+using test::faults::every_point;
 
 TEST_CASE("fault matrix over UCX: {stall, drop} x protocol points") {
   test::faults::run_matrix<ucx::transport>({fault::action::stall, fault::action::drop},

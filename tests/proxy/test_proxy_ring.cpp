@@ -365,6 +365,21 @@ TEST_CASE("the engine checks its options") {
                        doctest::Contains("channels must be >= 1"), error);
 }
 
+namespace {
+// The four pushes the channel tests make, as the transport was handed them:
+// put(1, 10, 20, 30), put_signal(2, ..., slot, 5), signal(3, 1, 7), flush(peer).
+void check_pushes(const std::vector<scripted_transport::op>& ops, std::size_t put_signal_slot,
+                  int flush_peer) {
+  REQUIRE(ops.size() == 4);
+  CHECK((ops[0].code == proxy::op_code::put && ops[0].peer == 1 && ops[0].local == 10 &&
+         ops[0].remote == 20 && ops[0].bytes == 30));
+  CHECK((ops[1].code == proxy::op_code::put_signal && ops[1].slot == put_signal_slot &&
+         ops[1].n == 5));
+  CHECK((ops[2].code == proxy::op_code::signal && ops[2].peer == 3 && ops[2].n == 7));
+  CHECK((ops[3].code == proxy::op_code::flush && ops[3].peer == flush_peer));
+}
+}  // namespace
+
 // The producer handle a kernel holds (proxy::channel), here driven by a host
 // thread over rings the test owns, as pinned memory would be.
 TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and reports") {
@@ -391,12 +406,7 @@ TEST_CASE("a channel over the caller's rings issues, waits for room, quiets and 
   CHECK(ch.quiet() == proxy::channel_status::ok);
   CHECK(ch.flush(1) == proxy::channel_status::ok);
   REQUIRE(eventually([&] { return t.issued().size() == 4; }));
-  const auto ops = t.issued();
-  CHECK((ops[0].code == proxy::op_code::put && ops[0].peer == 1 && ops[0].local == 10 &&
-         ops[0].remote == 20 && ops[0].bytes == 30));
-  CHECK((ops[1].code == proxy::op_code::put_signal && ops[1].slot == 2 && ops[1].n == 5));
-  CHECK((ops[2].code == proxy::op_code::signal && ops[2].peer == 3 && ops[2].n == 7));
-  CHECK((ops[3].code == proxy::op_code::flush && ops[3].peer == 1));
+  check_pushes(t.issued(), 2, 1);
   t.complete(3);
 
   // wait: reaches the count another thread publishes, or says it was late.
@@ -447,12 +457,7 @@ TEST_CASE("a channel writer pushes in order, waits for room only when full, and 
   const proxy::channel patient{a.view, counters, std::chrono::nanoseconds(10s).count()};
   t.complete(3);
   CHECK(patient.quiet() == proxy::channel_status::ok);  // the writer kept head up to date
-  const auto ops = t.issued();
-  CHECK((ops[0].code == proxy::op_code::put && ops[0].peer == 1 && ops[0].local == 10 &&
-         ops[0].remote == 20 && ops[0].bytes == 30));
-  CHECK((ops[1].code == proxy::op_code::put_signal && ops[1].slot == 1 && ops[1].n == 5));
-  CHECK((ops[2].code == proxy::op_code::signal && ops[2].peer == 3 && ops[2].n == 7));
-  CHECK((ops[3].code == proxy::op_code::flush && ops[3].peer == 2));
+  check_pushes(t.issued(), 1, 2);
 
   // A writer made after the proxy failed refuses at once; one that finds the
   // ring full of a failed proxy's work says so instead of waiting it out.

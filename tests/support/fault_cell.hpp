@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -30,6 +29,13 @@ namespace epcomm::test::faults {
 
 inline constexpr int victim = 1;
 inline constexpr int max_world = 8;
+
+// The matrix's axes, whole.
+inline const std::vector<fault::action> every_action{fault::action::exit, fault::action::stall,
+                                                     fault::action::drop};
+inline const std::vector<fault::point> every_point{
+    fault::point::before_notify, fault::point::mid_dispatch, fault::point::mid_combine,
+    fault::point::low_latency};
 
 struct timing {
   std::chrono::milliseconds deadline{1'000};  // of every call's waits in the group the fault hits
@@ -195,22 +201,10 @@ int run_rank(local_bootstrap& boot, fault::action what, fault::point at, const t
   return no_segments_left(boot.job_tag()) ? ok : leaked;
 }
 
-inline const char* action_name(fault::action a) {
-  switch (a) {
-    case fault::action::exit:
-      return "exit";
-    case fault::action::stall:
-      return "stall";
-    case fault::action::drop:
-      return "drop";
-  }
-  return "?";
-}
-
 // The EPCOMM_FAULT value that arms `what` at `at` on the victim's second call.
 inline std::string fault_spec(fault::action what, fault::point at, const timing& tm) {
   return "rank=" + std::to_string(victim) + ",point=" + fault::name(at) +
-         ",action=" + action_name(what) + ",hit=2,stall_ms=" + std::to_string(tm.stall.count());
+         ",action=" + fault::name(what) + ",hit=2,stall_ms=" + std::to_string(tm.stall.count());
 }
 
 }  // namespace epcomm::test::faults

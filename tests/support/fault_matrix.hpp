@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,7 +40,7 @@ void run_cell(fault::action what, fault::point at, const timing& tm) {
   const auto elapsed = steady::now() - begin;
 
   std::ostringstream summary;
-  summary << reports[0].transport << " " << action_name(what) << " @ " << fault::name(at) << ":";
+  summary << reports[0].transport << " " << fault::name(what) << " @ " << fault::name(at) << ":";
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     const report& rep = reports[r];
@@ -83,8 +82,8 @@ void run_cell(fault::action what, fault::point at, const timing& tm) {
 
 // Every (action, point) pair of the lists.
 template <class Transport>
-void run_matrix(std::initializer_list<fault::action> actions,
-                std::initializer_list<fault::point> points, const timing& tm = {}) {
+void run_matrix(const std::vector<fault::action>& actions, const std::vector<fault::point>& points,
+                const timing& tm = {}) {
   for (auto at : points)
     for (auto what : actions) run_cell<Transport>(what, at, tm);
 }

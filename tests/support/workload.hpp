@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "epcomm/core/enum_names.hpp"
 #include "epcomm/core/fp8_scaling.hpp"
 #include "epcomm/core/token_types.hpp"
 
@@ -39,21 +40,9 @@ enum class routing {
 };
 
 inline const char* name(routing r) {
-  switch (r) {
-    case routing::random:
-      return "random";
-    case routing::uneven:
-      return "uneven";
-    case routing::one_expert:
-      return "one_expert";
-    case routing::none:
-      return "none";
-    case routing::starve_last:
-      return "starve_last";
-    case routing::duplicate_rank:
-      return "duplicate_rank";
-  }
-  return "?";
+  static constexpr auto names = names_for<routing, routing::duplicate_rank>(
+      "random", "uneven", "one_expert", "none", "starve_last", "duplicate_rank");
+  return names(r);
 }
 
 struct shape {

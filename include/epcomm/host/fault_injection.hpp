@@ -21,6 +21,7 @@
 #include <string_view>
 #include <thread>
 
+#include "epcomm/core/enum_names.hpp"
 #include "epcomm/core/error.hpp"
 
 namespace epcomm::fault {
@@ -39,19 +40,12 @@ struct plan {
   int hit = 1;
 };
 
-inline const char* name(point p) {
-  switch (p) {
-    case point::before_notify:
-      return "before_notify";
-    case point::mid_dispatch:
-      return "mid_dispatch";
-    case point::mid_combine:
-      return "mid_combine";
-    case point::low_latency:
-      return "low_latency";
-  }
-  return "?";
-}
+inline constexpr auto point_names = names_for<point, point::low_latency>(
+    "before_notify", "mid_dispatch", "mid_combine", "low_latency");
+inline constexpr auto action_names = names_for<action, action::drop>("exit", "stall", "drop");
+
+inline const char* name(point p) { return point_names(p); }
+inline const char* name(action a) { return action_names(a); }
 
 // Parses a plan; throws epcomm::error naming the bad field, so a typo in a
 // test's fault never silently disarms it.
@@ -82,25 +76,13 @@ inline plan parse(std::string_view spec) {
     else if (key == "hit")
       p.hit = static_cast<int>(number());
     else if (key == "point") {
-      if (value == "before_notify")
-        p.at = point::before_notify;
-      else if (value == "mid_dispatch")
-        p.at = point::mid_dispatch;
-      else if (value == "mid_combine")
-        p.at = point::mid_combine;
-      else if (value == "low_latency")
-        p.at = point::low_latency;
-      else
-        return bad("unknown point '" + value + "'");
+      const auto at = point_names.parse(value);
+      if (!at) return bad("unknown point '" + value + "'");
+      p.at = *at;
     } else if (key == "action") {
-      if (value == "exit")
-        p.what = action::exit;
-      else if (value == "stall")
-        p.what = action::stall;
-      else if (value == "drop")
-        p.what = action::drop;
-      else
-        return bad("unknown action '" + value + "'");
+      const auto what = action_names.parse(value);
+      if (!what) return bad("unknown action '" + value + "'");
+      p.what = *what;
     } else {
       return bad("unknown field '" + key + "'");
     }

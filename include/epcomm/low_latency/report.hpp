@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "epcomm/core/config.hpp"
+#include "epcomm/core/enum_names.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/core/wire_basics.hpp"
@@ -49,17 +50,10 @@ enum class ll_waited_for : std::int32_t { release = 0, dispatch_records, combine
 
 enum class ll_op : std::int32_t { dispatch = 0, combine = 1 };
 
-inline constexpr const char* ll_waited_for_text(ll_waited_for w) {
-  switch (w) {
-    case ll_waited_for::release:
-      return "release of the previous dispatch region";
-    case ll_waited_for::dispatch_records:
-      return "dispatch records";
-    case ll_waited_for::combined_rows:
-      return "combined rows";
-  }
-  return "?";
-}
+inline constexpr auto ll_waited_for_names = names_for<ll_waited_for, ll_waited_for::combined_rows>(
+    "release of the previous dispatch region", "dispatch records", "combined rows");
+
+inline constexpr const char* ll_waited_for_text(ll_waited_for w) { return ll_waited_for_names(w); }
 
 // The operation names of the host engine.
 inline constexpr const char* ll_op_text(ll_op op) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <type_traits>
 
+#include "epcomm/core/enum_names.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/normal/wire.hpp"
@@ -45,23 +46,11 @@ enum class waited_for : std::int32_t {
   barrier_arrival,
 };
 
-inline constexpr const char* waited_for_text(waited_for w) {
-  switch (w) {
-    case waited_for::notify_counts:
-      return "notify counts";
-    case waited_for::token_rows:
-      return "token rows";
-    case waited_for::agreement_to_reject:
-      return "agreement to reject the call";
-    case waited_for::combine_readiness:
-      return "combine readiness";
-    case waited_for::combined_rows:
-      return "combined rows";
-    case waited_for::barrier_arrival:
-      return "barrier arrival";
-  }
-  return "?";
-}
+inline constexpr auto waited_for_names = names_for<waited_for, waited_for::barrier_arrival>(
+    "notify counts", "token rows", "agreement to reject the call", "combine readiness",
+    "combined rows", "barrier arrival");
+
+inline constexpr const char* waited_for_text(waited_for w) { return waited_for_names(w); }
 
 // Notify-header fields that every rank must agree on.
 // The notify header's come first, in the order judge_notify_round compares them.
@@ -79,27 +68,13 @@ enum class header_field : std::int32_t {
   handle_routing,  // the combine header's routing
 };
 
-inline constexpr const char* header_field_text(header_field f) {
-  switch (f) {
-    case header_field::dispatch_kind:
-      return "";  // the values say it (to_error)
-    case header_field::hidden:
-      return "hidden";
-    case header_field::topk:
-      return "topk";
-    case header_field::token_id:
-      return "token type";
-    case header_field::num_experts:
-      return "num_experts";
-    case header_field::routing:
-      return "the cached handle's routing (fingerprint of its dispatch: number and counts)";
-    case header_field::out_id:
-      return "y's element type";
-    case header_field::handle_routing:
-      return "the handle's routing (fingerprint of its dispatch: number and counts)";
-  }
-  return "?";
-}
+inline constexpr auto header_field_names = names_for<header_field, header_field::handle_routing>(
+    "",  // dispatch_kind: the values say it (to_error)
+    "hidden", "topk", "token type", "num_experts",
+    "the cached handle's routing (fingerprint of its dispatch: number and counts)",
+    "y's element type", "the handle's routing (fingerprint of its dispatch: number and counts)");
+
+inline constexpr const char* header_field_text(header_field f) { return header_field_names(f); }
 
 struct report {
   failure code;

@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "epcomm/core/config.hpp"
+#include "epcomm/core/enum_names.hpp"
 #include "epcomm/proxy/ring.hpp"
 
 #if !defined(__CUDA_ARCH__)
@@ -186,20 +187,12 @@ struct channel {
 
 static_assert(std::is_trivially_copyable_v<channel>);
 
+inline constexpr auto channel_status_names = names_for<channel_status, channel_status::signal_late>(
+    "ok", "the proxy stopped on an error", "deadline expired with the proxy ring full",
+    "deadline expired with proxy operations incomplete", "deadline expired waiting for a signal");
+
 inline const char* to_string(channel_status s) {
-  switch (s) {
-    case channel_status::ok:
-      return "ok";
-    case channel_status::proxy_failed:
-      return "the proxy stopped on an error";
-    case channel_status::ring_full:
-      return "deadline expired with the proxy ring full";
-    case channel_status::not_drained:
-      return "deadline expired with proxy operations incomplete";
-    case channel_status::signal_late:
-      return "deadline expired waiting for a signal";
-  }
-  return "unknown channel status";
+  return channel_status_names(s, "unknown channel status");
 }
 
 // How a kernel's failed channel call reads in an epcomm::error.

@@ -35,17 +35,9 @@ namespace epcomm::test::cpu_cuda {
 enum class barrier_kind { sync, all, any, count };
 
 inline const char* name(barrier_kind b) {
-  switch (b) {
-    case barrier_kind::sync:
-      return "__syncthreads";
-    case barrier_kind::all:
-      return "__syncthreads_and";
-    case barrier_kind::any:
-      return "__syncthreads_or";
-    case barrier_kind::count:
-      return "__syncthreads_count";
-  }
-  return "?";
+  static constexpr auto names = names_for<barrier_kind, barrier_kind::count>(
+      "__syncthreads", "__syncthreads_and", "__syncthreads_or", "__syncthreads_count");
+  return names(b);
 }
 
 class block;
@@ -319,26 +311,12 @@ class block {
 
   // How many threads are where, for a fault that is about the whole block.
   std::string census() const {
-    unsigned runnable = 0, at_barrier = 0, in_collective = 0, exited = 0;
-    for (const device_thread& t : threads_) {
-      switch (t.now) {
-        case device_thread::state::runnable:
-          ++runnable;
-          break;
-        case device_thread::state::at_barrier:
-          ++at_barrier;
-          break;
-        case device_thread::state::in_collective:
-          ++in_collective;
-          break;
-        case device_thread::state::exited:
-          ++exited;
-          break;
-      }
-    }
-    return " [" + std::to_string(runnable) + " running, " + std::to_string(at_barrier) +
-           " at a barrier, " + std::to_string(in_collective) + " in a warp collective, " +
-           std::to_string(exited) + " exited]";
+    using state = device_thread::state;
+    std::array<unsigned, static_cast<std::size_t>(state::exited) + 1> in{};  // threads per state
+    for (const device_thread& t : threads_) ++in[static_cast<std::size_t>(t.now)];
+    auto n = [&](state s) { return std::to_string(in[static_cast<std::size_t>(s)]); };
+    return " [" + n(state::runnable) + " running, " + n(state::at_barrier) + " at a barrier, " +
+           n(state::in_collective) + " in a warp collective, " + n(state::exited) + " exited]";
   }
 
   dim3 block_idx_, grid_dim_, block_dim_;

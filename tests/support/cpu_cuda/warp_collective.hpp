@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include "epcomm/core/enum_names.hpp"
+
 namespace epcomm::test::cpu_cuda {
 
 inline constexpr int warp_size = 32;
@@ -26,29 +28,10 @@ enum class collective {
 };
 
 inline const char* name(collective c) {
-  switch (c) {
-    case collective::shfl:
-      return "__shfl_sync";
-    case collective::shfl_up:
-      return "__shfl_up_sync";
-    case collective::shfl_down:
-      return "__shfl_down_sync";
-    case collective::shfl_xor:
-      return "__shfl_xor_sync";
-    case collective::ballot:
-      return "__ballot_sync";
-    case collective::any:
-      return "__any_sync";
-    case collective::all:
-      return "__all_sync";
-    case collective::match_any:
-      return "__match_any_sync";
-    case collective::reduce_add:
-      return "__reduce_add_sync";
-    case collective::syncwarp:
-      return "__syncwarp";
-  }
-  return "?";
+  static constexpr auto names = names_for<collective, collective::syncwarp>(
+      "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync", "__ballot_sync",
+      "__any_sync", "__all_sync", "__match_any_sync", "__reduce_add_sync", "__syncwarp");
+  return names(c);
 }
 
 // One lane's call: its operand as raw bytes (shuffles move any type of up to
