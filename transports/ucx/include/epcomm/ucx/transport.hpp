@@ -53,6 +53,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "epcomm/core/error.hpp"
@@ -879,10 +880,10 @@ class transport : public proxy::rma_transport_base {
   // the requester's endpoint unless that has gone (its failure is reported
   // there, and nobody awaits the reply).
   void send_flush_replies() {
-    for (const auto& [peer, ticket] : flush_replies_)
+    // Taken first: a send that throws leaves none to be sent twice.
+    for (const auto& [peer, ticket] : std::exchange(flush_replies_, {}))
       if (peers_[peer].ep != nullptr && !lost(peer))
         send_message(peer, message_kind::flush_reply, 0, 0, no_ticket, nullptr, 0, ticket);
-    flush_replies_.clear();
   }
 
   // By messages: flushes to `peer` whose reply will not come count complete;
