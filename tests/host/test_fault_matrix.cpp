@@ -33,10 +33,9 @@ static_assert(fault::action_names.parse("drop") == fault::action::drop);
 static_assert(!fault::point_names.parse("nowhere").has_value());
 
 TEST_CASE("every fault point and action reads back from its name") {
-  for (auto at : {fault::point::before_notify, fault::point::mid_dispatch,
-                  fault::point::mid_combine, fault::point::low_latency})
+  for (auto at : test::faults::every_point)
     CHECK(fault::parse(std::string("rank=0,point=") + fault::name(at)).at == at);
-  for (auto what : {fault::action::exit, fault::action::stall, fault::action::drop})
+  for (auto what : test::faults::every_action)
     CHECK(fault::parse(std::string("rank=0,action=") + fault::name(what)).what == what);
   CHECK(std::string(fault::name(static_cast<fault::action>(3))) == "?");
   CHECK_THROWS_WITH_AS(fault::parse("rank=0,action=explode"),
