@@ -74,6 +74,7 @@
 #include "epcomm/host/lost_ranks.hpp"
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/low_latency/arguments.hpp"
+#include "epcomm/low_latency/parity_calls.hpp"
 #include "epcomm/low_latency/receive_hook.hpp"
 #include "epcomm/low_latency/report.hpp"
 #include "epcomm/low_latency/rma.hpp"
@@ -93,8 +94,8 @@ requires peer_mapped_transport<Transport> || has_completion_count<Transport>
 class low_latency_buffer {
   // Peer-mapped transports keep the direct-store path; RMA ones go through the proxy.
   static constexpr bool via_proxy = host_link<Transport>::via_proxy;
-  static constexpr const char* dispatch_op = "low-latency dispatch";
-  static constexpr const char* combine_op = "low-latency combine";
+  static constexpr const char* dispatch_op = ll_dispatch_op;
+  static constexpr const char* combine_op = ll_combine_op;
   // Masking a lost rank needs a transport that can tell a peer's exit from
   // slowness (only an exited process is certain never to write again) and,
   // over RMA, one that lets the proxy go on without the peer: it meets the
@@ -163,7 +164,7 @@ class low_latency_buffer {
       try {
         const deadline dl = deadline::after(timeout_);
         for (int p = 0; p < wire::ll::parities; ++p)
-          if (const std::uint64_t epoch = parity_[p].dispatch_epoch; epoch > 0)
+          if (const std::uint64_t epoch = parity_[p].dispatches; epoch > 0)
             for (int r = 0; r < world_; ++r)
               if (!lost_[r] && (r != rank_ || !parity_[p].dispatch_pending))
                 link_.transport().wait(
@@ -219,10 +220,8 @@ class low_latency_buffer {
     ensure_usable(dispatch_op);
     const int p = next_parity_;
     parity_state& st = parity_[p];
-    check_ll_parity_idle(rank_, dispatch_op, p, st.dispatch_pending, st.combine_pending,
-                         "at most two calls in flight");
+    const std::uint64_t epoch = st.open_dispatch(rank_, p);
     next_parity_ ^= 1;
-    const std::uint64_t epoch = ++st.dispatch_epoch;
     const deadline dl = deadline::after(timeout_);
     const std::string cause = validate(in, wire::ll::call_shape<W>(shape_));
     guarded([&] {
@@ -240,10 +239,7 @@ class low_latency_buffer {
       else
         send_rejection(p, epoch, cause, wire::ll::reject_kind::dispatch, token_traits<W>::id, dl);
     });
-    st.dispatch_pending = true;
-    st.dispatch_ok = cause.empty();
-    st.num_tokens = cause.empty() ? in.num_tokens : 0;
-    st.topk = cause.empty() ? in.topk : 0;
+    st.dispatch_sent(cause.empty(), in.num_tokens, in.topk);
     if (!cause.empty()) receive_dispatch<W>(p, epoch);  // throws after draining this epoch
     return dispatch_hook_for<W>(this, &low_latency_buffer::receive_dispatch<W>, p, epoch);
   }
@@ -266,12 +262,7 @@ class low_latency_buffer {
     check_ll_handle_parity(rank_, combine_op, h.parity);
     const int p = h.parity;
     parity_state& st = parity_[p];
-    check_ll_parity_idle(rank_, combine_op, p, st.dispatch_pending, st.combine_pending);
-    check_ll_combinable(rank_, combine_op, p, st.dispatch_epoch, st.combined_epoch);
-    const std::uint64_t epoch = ++st.combine_epoch;
-    // Even a rejected combine uses this parity's combine region, so the
-    // dispatch cannot be combined again either way.
-    st.combined_epoch = st.dispatch_epoch;
+    const std::uint64_t epoch = st.open_combine(rank_, p);
     const std::string cause = validate(in, h);
     const deadline dl = deadline::after(timeout_);
     guarded([&] {
@@ -295,16 +286,9 @@ class low_latency_buffer {
   }
 
  private:
-  struct parity_state {
-    std::uint64_t dispatch_epoch = 0;  // dispatches issued on this parity
-    std::uint64_t combine_epoch = 0;   // combines issued on this parity
-    std::uint64_t combined_epoch = 0;  // the dispatch epoch the last combine answered
-    bool dispatch_pending = false;     // sent, receive phase not yet run
-    bool combine_pending = false;
-    bool dispatch_ok = false;  // this rank's own input was accepted
-    bool combine_ok = false;
-    int num_tokens = 0;  // of the last accepted dispatch
-    int topk = 0;
+  // What the receive phase of a combine needs besides the shared bookkeeping.
+  struct parity_state : ll_parity_calls {
+    bool combine_ok = false;  // this rank's own combine input was accepted
   };
 
   std::size_t rows_total() const {
@@ -391,7 +375,7 @@ class low_latency_buffer {
 
   std::string validate(const ll_combine_input& in, const ll_handle& h) {
     const parity_state& st = parity_[h.parity];
-    if (std::string cause = check_ll_handle({h.parity, h.epoch, st.dispatch_epoch, st.dispatch_ok,
+    if (std::string cause = check_ll_handle({h.parity, h.epoch, st.dispatches, st.dispatch_accepted,
                                              h.num_tokens, h.topk, st.num_tokens, st.topk});
         !cause.empty())
       return cause;
@@ -566,8 +550,7 @@ class low_latency_buffer {
   ll_dispatch_result<W> receive_dispatch(int p, std::uint64_t epoch) {
     ensure_usable(dispatch_op);
     parity_state& st = parity_[p];
-    if (!st.dispatch_pending || st.dispatch_epoch != epoch)
-      throw error(rank_, dispatch_op, no_peer, "this dispatch's receive hook already ran");
+    st.expect_dispatch_pending(rank_, epoch);
     const deadline dl = deadline::after(timeout_);
     const int el = shape_.local_experts();
     const int max = shape_.max_tokens_per_rank;
@@ -611,15 +594,16 @@ class low_latency_buffer {
           }
           if (w.count < 0 || w.count > max)
             protocol_error(dispatch_op, cuda::ll_failure::count_range, s, max, w.count);
-          if (rejecting >= 0 || other_wire || !st.dispatch_ok) continue;  // the call fails: drain
+          if (rejecting >= 0 || other_wire || !st.dispatch_accepted)
+            continue;  // the call fails: drain
           ranges[static_cast<std::size_t>(le) * world_ + s] = {recv_count[le], w.count};
           unpack<W>(p, le, s, w.count, recv_count[le]);
           recv_count[le] += w.count;
         }
       }
-      if (!st.dispatch_ok || rejecting >= 0) {
+      if (!st.dispatch_accepted || rejecting >= 0) {
         failure.emplace(rejection(dispatch_op, p, epoch, wire::ll::reject_kind::dispatch,
-                                  st.dispatch_ok, rejecting));
+                                  st.dispatch_accepted, rejecting));
       } else if (other_wire) {
         other_wire->op = cuda::ll_op::dispatch;
         failure.emplace(cuda::to_error(*other_wire, rank_));
@@ -630,7 +614,7 @@ class low_latency_buffer {
     });
     st.dispatch_pending = false;
     if (failure) {
-      st.dispatch_ok = false;  // no handle of this epoch may be combined
+      st.dispatch_accepted = false;  // no handle of this epoch may be combined
       throw *failure;
     }
     for (int le = 0; le < el; ++le) stats_.recv_tokens_per_expert[le] += recv_count[le];
@@ -698,8 +682,7 @@ class low_latency_buffer {
   std::span<const bf16> receive_combine(int p, std::uint64_t epoch) {
     ensure_usable(combine_op);
     parity_state& st = parity_[p];
-    if (!st.combine_pending || st.combine_epoch != epoch)
-      throw error(rank_, combine_op, no_peer, "this combine's receive hook already ran");
+    st.expect_combine_pending(rank_, epoch);
     const deadline dl = deadline::after(timeout_);
     const int t_count = st.num_tokens;
     const int k = st.topk;

@@ -101,28 +101,6 @@ inline void check_ll_handle_parity(int rank, const char* op, int parity) {
                 "handle has parity " + std::to_string(parity) + ": not from a dispatch");
 }
 
-// A parity takes a new call only once the receive phases of its previous
-// calls ran; `note`, when not empty, is appended to the error in parentheses.
-inline void check_ll_parity_idle(int rank, const char* op, int parity, bool dispatch_pending,
-                                 bool combine_pending, const std::string& note = {}) {
-  if (dispatch_pending || combine_pending)
-    throw error(rank, op, no_peer,
-                "parity " + std::to_string(parity) + " still has a " +
-                    (dispatch_pending ? "dispatch" : "combine") +
-                    " whose receive phase has not run" +
-                    (note.empty() ? std::string() : " (" + note + ")"));
-}
-
-// One combine per dispatch: the parity's last dispatch must be newer than
-// the one its last combine answered.
-inline void check_ll_combinable(int rank, const char* op, int parity, std::uint64_t dispatches,
-                                std::uint64_t combined) {
-  if (dispatches <= combined)
-    throw error(rank, op, no_peer,
-                "no dispatch received on parity " + std::to_string(parity) +
-                    " since its last combine (one combine per dispatch)");
-}
-
 // A dispatch's wire and counts against the buffer's shape as the call lays
 // it out (wire::ll::call_shape): an fp8 call needs whole 128-channel blocks.
 inline std::string check_ll_counts(const wire::ll::shape& s, int num_tokens, int topk) {

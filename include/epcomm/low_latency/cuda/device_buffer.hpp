@@ -58,6 +58,7 @@
 #include "epcomm/low_latency/cuda/checks.hpp"
 #include "epcomm/low_latency/cuda/launch.hpp"
 #include "epcomm/low_latency/cuda/registry.hpp"
+#include "epcomm/low_latency/parity_calls.hpp"
 #include "epcomm/low_latency/receive_hook.hpp"
 #include "epcomm/low_latency/report.hpp"
 #include "epcomm/low_latency/wire.hpp"
@@ -118,8 +119,8 @@ struct ll_device_combine_input {
 // same buffer serves, each call choosing its own, as the host engine's.
 template <device_buffer_transport Transport, low_latency_wire Wire = bf16, low_latency_wire... More>
 class low_latency_device_buffer {
-  static constexpr const char* dispatch_op = "low-latency dispatch";
-  static constexpr const char* combine_op = "low-latency combine";
+  static constexpr const char* dispatch_op = ll_dispatch_op;
+  static constexpr const char* combine_op = ll_combine_op;
   static constexpr bool via_proxy = device_link<Transport>::via_proxy;
 
  public:
@@ -202,10 +203,8 @@ class low_latency_device_buffer {
     calls_.ensure_usable(dispatch_op);
     const int p = next_parity_;
     parity_state& st = parity_[p];
-    check_ll_parity_idle(rank_, dispatch_op, p, st.dispatch_pending, st.combine_pending,
-                         "at most two calls in flight");
+    const std::uint64_t number = st.open_dispatch(rank_, p);
     next_parity_ ^= 1;
-    const std::uint64_t number = ++st.dispatches;
     // The call's records and outputs in its own wire's layout, within the
     // regions the plan sized for every served wire.
     const wire::ll::shape call = wire::ll::call_shape<W>(shape_);
@@ -222,10 +221,7 @@ class low_latency_device_buffer {
     st.dispatch_kernels =
         kernels_for<W>(ll_kernel_registry::dispatch(), dispatch_op, aligned(in.x));
     calls_.launch(dispatch_op, st.dispatch_kernels.send(a, stream));
-    st.dispatch_pending = true;
-    st.dispatch_accepted = cause.empty();
-    st.num_tokens = a.num_tokens;
-    st.topk = a.topk;
+    st.dispatch_sent(cause.empty(), in.num_tokens, in.topk);
     if (!cause.empty() && !calls_.capturing(stream)) {
       receive_dispatch<W>(p, number, stream);
       finish(stream, dispatch_op);  // throws the rejection every rank now sees
@@ -261,12 +257,7 @@ class low_latency_device_buffer {
     check_ll_handle_parity(rank_, combine_op, h.parity);
     const int p = h.parity;
     parity_state& st = parity_[p];
-    check_ll_parity_idle(rank_, combine_op, p, st.dispatch_pending, st.combine_pending);
-    check_ll_combinable(rank_, combine_op, p, st.dispatches, st.combined);
-    const std::uint64_t number = ++st.combines;
-    // Even a rejected combine uses this parity's combine region, so the
-    // dispatch cannot be combined again either way.
-    st.combined = st.dispatches;
+    const std::uint64_t number = st.open_combine(rank_, p);
     const std::string cause = check_ll_combine(
         {p, h.dispatch, st.dispatches, st.dispatch_accepted, h.num_tokens, h.topk, st.num_tokens,
          st.topk, in.y != nullptr, in.topk_idx != nullptr, in.topk_weights != nullptr});
@@ -332,16 +323,8 @@ class low_latency_device_buffer {
   }
 
  private:
-  struct parity_state {
-    std::uint64_t dispatches = 0;   // dispatches issued on this parity
-    std::uint64_t combines = 0;     // combines issued on this parity
-    std::uint64_t combined = 0;     // the dispatch number the last combine answered
-    bool dispatch_pending = false;  // sent, receive phase not yet launched
-    bool combine_pending = false;
-    bool dispatch_accepted = false;  // the host found nothing wrong with this rank's input
-    int num_tokens = 0;              // of the last dispatch
-    int topk = 0;
-    // What the receive phase launches with: the send phase's arguments.
+  // What the receive phases launch with: the send phases' arguments.
+  struct parity_state : ll_parity_calls {
     ll_args dispatch_args{};
     ll_args combine_args{};
     ll_kernel_pair dispatch_kernels{};
@@ -437,8 +420,7 @@ class low_latency_device_buffer {
   ll_device_dispatch_result<W> receive_dispatch(int p, std::uint64_t number, cudaStream_t stream) {
     calls_.ensure_usable(dispatch_op);
     parity_state& st = parity_[p];
-    if (!st.dispatch_pending || st.dispatches != number)
-      throw error(rank_, dispatch_op, no_peer, "this dispatch's receive hook already ran");
+    st.expect_dispatch_pending(rank_, number);
     calls_.launch(dispatch_op, st.dispatch_kernels.recv(st.dispatch_args, stream));
     st.dispatch_pending = false;
     ll_device_dispatch_result<W> res;
@@ -459,8 +441,7 @@ class low_latency_device_buffer {
   const bf16* receive_combine(int p, std::uint64_t number, cudaStream_t stream) {
     calls_.ensure_usable(combine_op);
     parity_state& st = parity_[p];
-    if (!st.combine_pending || st.combines != number)
-      throw error(rank_, combine_op, no_peer, "this combine's receive hook already ran");
+    st.expect_combine_pending(rank_, number);
     calls_.launch(combine_op, st.combine_kernels.recv(st.combine_args, stream));
     st.combine_pending = false;
     return st.combine_args.out;
