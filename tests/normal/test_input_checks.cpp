@@ -28,7 +28,7 @@ struct tokens {
 dispatch_handle handle(int tokens, int hidden, int topk) {
   // Rank 1's handle of a dispatch in which it sent every token to rank 0 and
   // received none (num_recv_tokens 0).
-  dispatch_handle h{2, 1, tokens, hidden, topk, 0, {0, 0, tokens, 0}, {}};
+  dispatch_handle h{{2, 1, tokens, hidden, topk}, 0, {0, 0, tokens, 0}, {}};
   for (int t = 0; t < tokens; ++t) h.send_pos.insert(h.send_pos.end(), {t, -1});
   return h;
 }

@@ -171,8 +171,8 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
                       node_signal::data, rail_signal::data, epoch, dl, "dispatch");
 
     dispatch_result<Token> res;
-    res.handle = make_dispatch_handle(rank_, epoch, in.num_tokens, in.hidden, in.topk, records,
-                                      lay.send_pos);
+    res.handle = make_dispatch_handle({world_, rank_, in.num_tokens, in.hidden, in.topk}, epoch,
+                                      records, lay.send_pos);
     move_rows(in, reach, records, res.handle, epoch, dl);
     fill_result(res, in, opt, records);
     return res;

@@ -93,14 +93,20 @@ inline std::string check_dispatch_options(const dispatch_options& opt, int max_r
   return {};
 }
 
-// What combine needs to send rows back: the counts every rank exchanged and
-// where each of this rank's tokens went.
-struct dispatch_handle {
+// The dispatch a handle answers: its group and its input's sizes, which a
+// combine or a dispatch along the handle must match. The host handle and the
+// device one (cuda/device_buffer.hpp) both start with it.
+struct handle_shape {
   int world_size = 0;
   int rank = 0;
   int num_tokens = 0;
   int hidden = 0;
   int topk = 0;
+};
+
+// What combine needs to send rows back: the counts every rank exchanged and
+// where each of this rank's tokens went.
+struct dispatch_handle : handle_shape {
   int num_recv_tokens = 0;
   std::vector<int> count_matrix;  // [R][R]: tokens rank s sent to rank r
   std::vector<int> send_pos;      // [T][R]: row of token t among those sent to r, or -1

@@ -196,8 +196,8 @@ requires(sizeof...(Tokens) >= 1) &&
                       wire::signal_kind::data, data_signals_, dl, "dispatch");
 
     dispatch_result<Token> res;
-    res.handle =
-        make_dispatch_handle(rank_, epoch, in.num_tokens, in.hidden, in.topk, peers, lay.send_pos);
+    res.handle = make_dispatch_handle({world_, rank_, in.num_tokens, in.hidden, in.topk}, epoch,
+                                      peers, lay.send_pos);
     const std::vector<bool> rows_came =
         move_rows(in, lay, res.handle, topo,
                   std::max(res.handle.num_recv_tokens, opt.worst_case_recv_tokens), dl);

@@ -184,23 +184,20 @@ inline void judge_combine_status(int rank, std::uint64_t epoch,
   if (r.code != cuda::failure::none) throw cuda::to_error(r, rank, "combine");
 }
 
-// The handle of accepted dispatch number `origin`: the full count matrix
-// from the records and this rank's own placement of its tokens.
+// The handle of accepted dispatch number `origin` of the call `shape`: the
+// full count matrix from the records and this rank's own placement of its
+// tokens.
 template <class Record>
-dispatch_handle make_dispatch_handle(int rank, std::uint64_t origin, int num_tokens, int hidden,
-                                     int topk, const std::vector<Record>& all,
+dispatch_handle make_dispatch_handle(const handle_shape& shape, std::uint64_t origin,
+                                     const std::vector<Record>& all,
                                      const std::vector<int>& send_pos) {
-  const int world = static_cast<int>(all.size());
+  const int world = shape.world_size;
   dispatch_handle h;
-  h.world_size = world;
-  h.rank = rank;
-  h.num_tokens = num_tokens;
-  h.hidden = hidden;
-  h.topk = topk;
+  static_cast<handle_shape&>(h) = shape;
   h.count_matrix.resize(static_cast<std::size_t>(world) * world);
   for (int s = 0; s < world; ++s)
     for (int r = 0; r < world; ++r) h.count_matrix[s * world + r] = all[s].tokens_per_rank[r];
-  h.num_recv_tokens = h.recv_offset(world, rank);
+  h.num_recv_tokens = h.recv_offset(world, shape.rank);
   h.send_pos = send_pos;
   h.origin = origin;
   return h;

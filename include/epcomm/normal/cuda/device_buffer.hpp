@@ -82,12 +82,7 @@ struct device_cached_dispatch_input {
 // slot of the buffer's workspace that the handle pins: it stays valid across
 // later dispatches until every copy of it is destroyed
 // (buffer_config::max_live_handles slots).
-struct device_dispatch_handle {
-  int world_size = 0;
-  int rank = 0;
-  int num_tokens = 0;
-  int hidden = 0;
-  int topk = 0;
+struct device_dispatch_handle : handle_shape {
   // The workspace slot holding its routing (its index); pins the slot while
   // any copy of the handle lives. Null for a dispatch the host rejected.
   std::shared_ptr<const int> slot;
@@ -214,7 +209,7 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
     res.recv_topk_idx = reinterpret_cast<const std::int64_t*>(base + plan_.recv_topk_idx);
     res.recv_topk_weights = reinterpret_cast<const float*>(base + plan_.recv_weights);
     res.num_recv_tokens_per_expert = ws_.recv_per_expert;
-    res.handle = {world_, rank_, in.num_tokens, in.hidden, in.topk, nullptr};
+    res.handle = {{world_, rank_, in.num_tokens, in.hidden, in.topk}, nullptr};
     if (cause.empty()) {
       res.handle.slot = std::make_shared<const int>(slot);
       slots_[slot].lease = res.handle.slot;
