@@ -16,9 +16,8 @@
 #include "epcomm/low_latency/buffer.hpp"
 #include "inputs.hpp"
 #include "ll_baseline.hpp"
-#include "memory_bound.hpp"
+#include "pair_ops.hpp"
 #include "peer_copy.hpp"
-#include "traffic.hpp"
 
 namespace epcomm::bench {
 
@@ -69,46 +68,28 @@ class low_latency_case final : public bench_case {
       return "combine: epcomm and baseline rows differ";
     if (std::string c = check_combine(); !c.empty()) return "combine: " + c;
 
-    traffic_ = plan_traffic(rank_pair_counts(comm_, input_.topk_idx, w_.topk, w_.experts / world_),
-                            world_, rank_, dispatch_row_bytes(w_), combine_row_bytes(w_));
-    moved_ = must_move(traffic_, w_.tokens, dispatch_row_bytes(w_), combine_row_bytes(w_));
+    plan_ =
+        op_plan(comm_, input_.topk_idx, w_, rank_, dispatch_row_bytes(w_), combine_row_bytes(w_));
     return {};
   }
 
   std::vector<timed_op> ops() override {
-    const double dispatch_bytes = most(traffic_.dispatch_bytes);
-    const double combine_bytes = most(traffic_.combine_bytes);
-    const double pair_bytes = most(traffic_.dispatch_bytes + traffic_.combine_bytes);
-    timed_op dispatch{"dispatch",
-                      [this] { buffer_.low_latency_dispatch(in_); },
-                      [this] { baseline_.dispatch(input_.x, input_.topk_idx, w_.tokens); },
-                      [this] { link_.copy(traffic_.dispatch); },
-                      dispatch_bytes,
-                      most(moved_.dispatch)};
+    auto ops = plan_.ops(link_,
+                         {[this] { buffer_.low_latency_dispatch(in_); },
+                          [this] { baseline_.dispatch(input_.x, input_.topk_idx, w_.tokens); }},
+                         {[this] { buffer_.low_latency_combine(combine_in(), handle_); },
+                          [this] { baseline_.combine(y_, input_.topk_weights, baseline_out_); }},
+                         {[this] {
+                            const ll_handle h = buffer_.low_latency_dispatch(in_).handle;
+                            buffer_.low_latency_combine(combine_in(), h);
+                          },
+                          [this] {
+                            baseline_.dispatch(input_.x, input_.topk_idx, w_.tokens);
+                            baseline_.combine(y_, input_.topk_weights, baseline_out_);
+                          }});
     // A low-latency combine answers exactly one dispatch: each timed combine gets a fresh one.
-    timed_op combine{"combine",
-                     [this] { buffer_.low_latency_combine(combine_in(), handle_); },
-                     [this] { baseline_.combine(y_, input_.topk_weights, baseline_out_); },
-                     [this] { link_.copy(traffic_.combine); },
-                     combine_bytes,
-                     most(moved_.combine)};
-    combine.epcomm_setup = [this] { handle_ = buffer_.low_latency_dispatch(in_).handle; };
-    timed_op pair{"dispatch+combine",
-                  [this] {
-                    const ll_handle h = buffer_.low_latency_dispatch(in_).handle;
-                    buffer_.low_latency_combine(combine_in(), h);
-                  },
-                  [this] {
-                    baseline_.dispatch(input_.x, input_.topk_idx, w_.tokens);
-                    baseline_.combine(y_, input_.topk_weights, baseline_out_);
-                  },
-                  [this] {
-                    link_.copy(traffic_.dispatch);
-                    link_.copy(traffic_.combine);
-                  },
-                  pair_bytes,
-                  most(moved_.dispatch + moved_.combine)};
-    return {dispatch, combine, pair};
+    ops[1].epcomm_setup = [this] { handle_ = buffer_.low_latency_dispatch(in_).handle; };
+    return ops;
   }
 
  private:
@@ -188,12 +169,6 @@ class low_latency_case final : public bench_case {
     return {};
   }
 
-  double most(double mine) const {
-    double all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_MAX, comm_);
-    return all;
-  }
-
   MPI_Comm comm_;
   workload w_;
   int rank_;
@@ -207,8 +182,7 @@ class low_latency_case final : public bench_case {
   ll_handle handle_;  // of the last dispatch, for the next combine
   std::vector<bf16> y_;
   std::vector<bf16> out_, baseline_out_;
-  traffic traffic_;
-  memory_traffic moved_;
+  op_plan plan_;
 };
 
 }  // namespace epcomm::bench

@@ -15,9 +15,8 @@
 #include "epcomm/core/fp8_scaling.hpp"
 #include "epcomm/normal/buffer.hpp"
 #include "inputs.hpp"
-#include "memory_bound.hpp"
+#include "pair_ops.hpp"
 #include "peer_copy.hpp"
-#include "traffic.hpp"
 
 namespace epcomm::bench {
 
@@ -82,37 +81,24 @@ class normal_case final : public bench_case {
       return "combine: epcomm and baseline weights differ";
     if (std::string c = check_combine(); !c.empty()) return "combine: " + c;
 
-    traffic_ = plan_traffic(rank_pair_counts(comm_, input_.topk_idx, w_.topk, w_.experts / world_),
-                            world_, rank_, dispatch_row_bytes(w_), combine_row_bytes(w_));
-    moved_ = must_move(traffic_, w_.tokens, dispatch_row_bytes(w_), combine_row_bytes(w_));
+    plan_ =
+        op_plan(comm_, input_.topk_idx, w_, rank_, dispatch_row_bytes(w_), combine_row_bytes(w_));
     return {};
   }
 
   std::vector<timed_op> ops() override {
-    const double dispatch_bytes = most(traffic_.dispatch_bytes);
-    const double combine_bytes = most(traffic_.combine_bytes);
-    const double pair_bytes = most(traffic_.dispatch_bytes + traffic_.combine_bytes);
-    return {
-        {"dispatch", [this] { buffer_.dispatch(in_); }, [this] { baseline_.dispatch(in_); },
-         [this] { link_.copy(traffic_.dispatch); }, dispatch_bytes, most(moved_.dispatch)},
-        {"combine", [this] { buffer_.combine(combine_in(), handle_, out_x_, out_weights_); },
-         [this] { baseline_.combine(y_, y_weights_, baseline_x_, baseline_weights_); },
-         [this] { link_.copy(traffic_.combine); }, combine_bytes, most(moved_.combine)},
-        {"dispatch+combine",
-         [this] {
+    return plan_.ops(
+        link_, {[this] { buffer_.dispatch(in_); }, [this] { baseline_.dispatch(in_); }},
+        {[this] { buffer_.combine(combine_in(), handle_, out_x_, out_weights_); },
+         [this] { baseline_.combine(y_, y_weights_, baseline_x_, baseline_weights_); }},
+        {[this] {
            const auto r = buffer_.dispatch(in_);
            buffer_.combine(combine_in(), r.handle, out_x_, out_weights_);
          },
          [this] {
            baseline_.dispatch(in_);
            baseline_.combine(y_, y_weights_, baseline_x_, baseline_weights_);
-         },
-         [this] {
-           link_.copy(traffic_.dispatch);
-           link_.copy(traffic_.combine);
-         },
-         pair_bytes, most(moved_.dispatch + moved_.combine)},
-    };
+         }});
   }
 
  private:
@@ -213,12 +199,6 @@ class normal_case final : public bench_case {
     return {};
   }
 
-  double most(double mine) const {
-    double all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_MAX, comm_);
-    return all;
-  }
-
   MPI_Comm comm_;
   workload w_;
   int rank_;
@@ -235,8 +215,7 @@ class normal_case final : public bench_case {
   std::vector<float> y_weights_;
   std::vector<out_type> out_x_, baseline_x_;
   std::vector<float> out_weights_, baseline_weights_;
-  traffic traffic_;
-  memory_traffic moved_;
+  op_plan plan_;
 };
 
 }  // namespace epcomm::bench

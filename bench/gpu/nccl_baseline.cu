@@ -45,6 +45,26 @@ struct reduce_args {
   float* out_weights;
 };
 
+// The ranks token t goes to, in rank order, gathered by one warp: dest[j] (when not null) is
+// the j-th and row_of[j] the token's row in the packed send order there. Returns how many.
+__device__ int gather_destinations(const std::int32_t* send_pos, const int* send_offset, int world,
+                                   int t, int lane, int* dest, int* row_of) {
+  int n = 0;
+  for (int base = 0; base < world; base += 32) {
+    const int r = base + lane;
+    const int pos = r < world ? send_pos[static_cast<std::size_t>(t) * world + r] : -1;
+    const unsigned goes = __ballot_sync(0xffffffffu, pos >= 0);
+    if (pos >= 0) {
+      const int j = n + __popc(goes & ((1u << lane) - 1u));
+      if (dest != nullptr) dest[j] = r;
+      row_of[j] = send_offset[r] + pos;
+    }
+    n += __popc(goes);
+  }
+  __syncwarp();
+  return n;
+}
+
 // One warp per token: the row is read once and stored at each destination's
 // slot of the per-destination send buffers.
 template <class Token>
@@ -57,19 +77,8 @@ __global__ void __launch_bounds__(warps * 32) pack_kernel(pack_args a) {
   const std::size_t row_bytes = static_cast<std::size_t>(a.hidden) * sizeof(Token);
   const std::size_t scale_bytes = static_cast<std::size_t>(a.hidden / 128) * sizeof(float);
   for (int t = blockIdx.x * warps + warp; t < a.num_tokens; t += gridDim.x * warps) {
-    int n = 0;
-    for (int c = 0; c < a.world; c += 32) {
-      const int r = c + lane;
-      const int pos = r < a.world ? a.send_pos[static_cast<std::size_t>(t) * a.world + r] : -1;
-      const unsigned goes = __ballot_sync(0xffffffffu, pos >= 0);
-      if (pos >= 0) {
-        const int j = n + __popc(goes & ((1u << lane) - 1u));
-        dest[warp][j] = r;
-        row_of[warp][j] = a.send_offset[r] + pos;
-      }
-      n += __popc(goes);
-    }
-    __syncwarp();
+    const int n =
+        gather_destinations(a.send_pos, a.send_offset, a.world, t, lane, dest[warp], row_of[warp]);
     for (int j = lane; j < n; j += 32)
       targets[warp][j] = static_cast<std::byte*>(a.send_x) + row_of[warp][j] * row_bytes;
     __syncwarp();
@@ -114,19 +123,10 @@ __global__ void __launch_bounds__(warps * 32) reduce_kernel(reduce_args a) {
   c.out_x = a.out_x;
   c.hidden = a.hidden;
   for (int t = blockIdx.x * warps + warp; t < a.num_tokens; t += gridDim.x * warps) {
-    int n = 0;
-    for (int base = 0; base < a.world; base += 32) {
-      const int r = base + lane;
-      const int pos = r < a.world ? a.send_pos[static_cast<std::size_t>(t) * a.world + r] : -1;
-      const unsigned from = __ballot_sync(0xffffffffu, pos >= 0);
-      if (pos >= 0) {
-        const int j = n + __popc(from & ((1u << lane) - 1u));
-        row_of[warp][j] = a.send_offset[r] + pos;
-        rows[warp][j] =
-            static_cast<const std::byte*>(a.returned) + (a.send_offset[r] + pos) * row_bytes;
-      }
-      n += __popc(from);
-    }
+    const int n =
+        gather_destinations(a.send_pos, a.send_offset, a.world, t, lane, nullptr, row_of[warp]);
+    for (int j = lane; j < n; j += 32)
+      rows[warp][j] = static_cast<const std::byte*>(a.returned) + row_of[warp][j] * row_bytes;
     __syncwarp();
     cuda::device::reduce_token<Out, 0>(c, t, rows[warp], n, lane);
     if (a.out_weights != nullptr) {
@@ -259,31 +259,35 @@ void nccl_baseline<Token>::check(cudaError_t r, const char* what) {
 template <token_type Token>
 void nccl_baseline<Token>::wait_comm(const char* what) {
   ncclResult_t state = ncclInProgress;
-  auto settled = [&] {
-    check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
-    return state != ncclInProgress;
-  };
-  if (!detail::spin_wait(settled, deadline::after(timeout_), [] {})) {
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
-    throw error(rank_, "nccl baseline", no_peer, std::string(what) + " did not complete in time");
-  }
+  await(
+      [&] {
+        check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+        return state != ncclInProgress;
+      },
+      what);
   check(state, what);
 }
 
 template <token_type Token>
 void nccl_baseline<Token>::wait_stream(cudaStream_t stream, const char* what) {
   cudaError_t status = cudaSuccess;
-  auto done = [&] {
-    status = cudaStreamQuery(stream);
-    return status != cudaErrorNotReady;
-  };
-  if (!detail::spin_wait(done, deadline::after(timeout_), [] {})) {
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
-    throw error(rank_, "nccl baseline", no_peer, std::string(what) + " did not finish in time");
-  }
+  await(
+      [&] {
+        status = cudaStreamQuery(stream);
+        return status != cudaErrorNotReady;
+      },
+      what);
   check(status, what);
+}
+
+template <token_type Token>
+template <class Settled>
+void nccl_baseline<Token>::await(Settled&& settled, const char* what) {
+  if (detail::spin_wait(settled, deadline::after(timeout_), [] {})) return;
+  // Aborted, so that no later call on the communicator hangs.
+  ncclCommAbort(comm_);
+  comm_ = nullptr;
+  throw error(rank_, "nccl baseline", no_peer, std::string(what) + " did not complete in time");
 }
 
 template <token_type Token>

@@ -60,6 +60,9 @@ class nccl_baseline {
   void check(cudaError_t r, const char* what);
   void wait_comm(const char* what);
   void wait_stream(cudaStream_t stream, const char* what);
+  // Polls settled() until it holds; past the timeout, aborts the communicator and throws.
+  template <class Settled>
+  void await(Settled&& settled, const char* what);
 
   int rank_, world_, experts_, max_tokens_, hidden_, topk_;
   std::chrono::milliseconds timeout_;
