@@ -22,7 +22,10 @@ inline void cpu_relax() {
 }
 
 // Returns true once ready() holds, false when dl expires first. check() runs
-// about once a millisecond while waiting and may throw (a peer known dead).
+// about once a millisecond while waiting and may throw (a peer known dead);
+// it runs once more before the deadline is reported, so that a wait begun
+// late in its call (a deadline set at the call's start) still names a peer
+// known gone rather than the clock.
 template <class Ready, class Check>
 bool spin_wait(Ready&& ready, const deadline& dl, Check&& check) {
   constexpr int spins = 256;
@@ -44,8 +47,8 @@ bool spin_wait(Ready&& ready, const deadline& dl, Check&& check) {
     const auto now = steady::now();
     if (now >= next_check) {
       if (ready()) return true;
-      if (now >= dl.at()) return false;
       check();
+      if (now >= dl.at()) return false;
       next_check = now + std::chrono::milliseconds(1);
     }
   }

@@ -215,12 +215,18 @@ class rma_transport_base {
                   std::string("deadline expired waiting for ") + site.what + ": expected " +
                       std::to_string(expected) + ", saw " + std::to_string(count()) + " (" + name_ +
                       ")");
-    // A provider may raise the counter inside its own progress (UCX's
-    // emulated atomics: a plain atomic add after copying the data in, no
-    // release the C++ model or ThreadSanitizer knows of). Progress runs under
-    // mu_, so taking it orders what that progress wrote before this rank
-    // reads it. A provider held up for good orders nothing any more: then
-    // the wait returns without it.
+  }
+
+  // For a provider that raises counters inside its own progress with no
+  // release the C++ model or ThreadSanitizer knows of (UCX's emulated
+  // atomics: a plain atomic add after copying the data in): progress runs
+  // under mu_, so taking it after a wait orders what that progress wrote
+  // before this rank reads it. A provider held up for good orders nothing
+  // any more: then it returns without the lock. Not for a transport whose
+  // counters move only by its own release adds (libfabric): there a thread
+  // stuck in the provider on a lock a dead peer held would cost each wait
+  // this bound, silently, and with it the call's deadline.
+  void order_after_progress() {
     std::unique_lock after_progress(mu_, std::defer_lock);
     lock_by(after_progress, deadline::after(std::min(timeout_, std::chrono::milliseconds(1'000))));
   }

@@ -262,6 +262,7 @@ class transport : public proxy::rma_transport_base {
     wait_signal(
         slot, slots_, expected, dl, site, [&] { return counter(slot); }, [&] { progress_locked(); },
         explain, watch);
+    order_after_progress();
   }
 
   // Every rank signals every other on the transport's own slots; these
