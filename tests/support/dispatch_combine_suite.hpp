@@ -31,6 +31,18 @@ inline std::string provider_environment() {
   return s;
 }
 
+// Runs check(buf, rank) on 3 local ranks, each over a buffer<T, Tokens...>
+// of case_config(3, max_hidden); true when every rank returned 0 (a failing
+// rank prints why; `what` names the case in the assertion).
+template <class T, class... Tokens, class Check>
+bool on_three_ranks(int max_hidden, const std::string& what, Check check) {
+  const auto codes = launch_local(3, [&](local_bootstrap& boot) {
+    buffer<T, Tokens...> buf(boot, case_config(3, max_hidden));
+    return check(buf, boot.rank());
+  });
+  return all_ok(codes, what);
+}
+
 }  // namespace epcomm::test
 
 #define EPCOMM_SUITE_CONTEXT(T) \
@@ -84,31 +96,25 @@ TEST_CASE_TEMPLATE_DEFINE("reference token count: 4096 tokens on 4 ranks", T, dc
 TEST_CASE_TEMPLATE_DEFINE("consecutive calls on one buffer leave no stale state", T, dc_repeat) {
   using namespace epcomm;
   EPCOMM_SUITE_CONTEXT(T);
-  test::case_options opt;
-  opt.iterations = 12;
-  CHECK(test::run_case<T, bf16>({3, 50, 128, 4, 12, test::routing::uneven, 31}, opt));
+  CHECK(
+      test::run_case<T, bf16>({3, 50, 128, 4, 12, test::routing::uneven, 31}, {.iterations = 12}));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("worst-case receive bound pads results to a routing-independent shape", T,
                           dc_bound) {
   using namespace epcomm;
   EPCOMM_SUITE_CONTEXT(T);
-  test::case_options opt;
-  opt.worst_case_recv_tokens = 4 * 40;
-  opt.iterations = 3;
-  CHECK(test::run_case<T, bf16>({4, 40, 128, 4, 16, test::routing::random, 41}, opt));
+  CHECK(test::run_case<T, bf16>({4, 40, 128, 4, 16, test::routing::random, 41},
+                                {.iterations = 3, .worst_case_recv_tokens = 4 * 40}));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("expert_alignment rounds each expert's count up to its multiple", T,
                           dc_alignment) {
   using namespace epcomm;
   EPCOMM_SUITE_CONTEXT(T);
-  test::case_options opt;
-  opt.iterations = 2;
-  for (int alignment : {3, 128}) {
-    opt.expert_alignment = alignment;
-    CHECK(test::run_case<T, bf16>({3, 50, 128, 4, 12, test::routing::uneven, 45}, opt));
-  }
+  for (int alignment : {3, 128})
+    CHECK(test::run_case<T, bf16>({3, 50, 128, 4, 12, test::routing::uneven, 45},
+                                  {.iterations = 2, .expert_alignment = alignment}));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a handle stays valid across later dispatches, combined in any order", T,
@@ -118,9 +124,7 @@ TEST_CASE_TEMPLATE_DEFINE("a handle stays valid across later dispatches, combine
   // Megatron keeps a layer's handle from forward to backward while other
   // layers dispatch: three dispatches of different sizes and routings, then
   // their combines in reverse order, each from its own handle.
-  const auto codes = launch_local(3, [](local_bootstrap& boot) {
-    const int rank = boot.rank();
-    buffer<T, bf16> buf(boot, test::case_config(3, 128));
+  CHECK(test::on_three_ranks<T, bf16>(128, "handles across dispatches", [](auto& buf, int rank) {
     struct layer {
       test::shape s;
       std::vector<test::rank_input<bf16>> all;
@@ -155,19 +159,16 @@ TEST_CASE_TEMPLATE_DEFINE("a handle stays valid across later dispatches, combine
       }
     }
     return 0;
-  });
-  CHECK(test::all_ok(codes, "handles across dispatches"));
+  }));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a dispatch from a cached handle, after another routing's dispatch", T,
                           dc_cached_dispatch) {
   using namespace epcomm;
   EPCOMM_SUITE_CONTEXT(T);
-  const auto codes = launch_local(3, [](local_bootstrap& boot) {
-    buffer<T, fp8_e4m3> buf(boot, test::case_config(3, 256));
-    return test::check_cached_dispatch(buf, boot.rank(), 3);
-  });
-  CHECK(test::all_ok(codes, "cached dispatch"));
+  CHECK(test::on_three_ranks<T, fp8_e4m3>(256, "cached dispatch", [](auto& buf, int rank) {
+    return test::check_cached_dispatch(buf, rank, 3);
+  }));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("one buffer serves bf16, fp8 and fp32 calls in any order", T,
@@ -180,9 +181,7 @@ TEST_CASE_TEMPLATE_DEFINE("one buffer serves bf16, fp8 and fp32 calls in any ord
   // fp8 dispatch's routing. One set of regions (sized for fp32 rows and fp8
   // scales) carries all of them; odd ranks write into the send buffers,
   // whose views each call takes in its own type.
-  const auto codes = launch_local(3, [](local_bootstrap& boot) {
-    const int rank = boot.rank();
-    buffer<T, bf16, fp8_e4m3, float> buf(boot, test::case_config(3, 256));
+  const auto every_type = [](auto& buf, int rank) {
     test::case_options opt;
     opt.dispatch_in_place = test::in_place::odd_ranks;
     opt.combine_in_place = test::in_place::odd_ranks;
@@ -216,19 +215,17 @@ TEST_CASE_TEMPLATE_DEFINE("one buffer serves bf16, fp8 and fp32 calls in any ord
                                            std::to_string(t) + " of rank " + std::to_string(s));
       }
     return 0;
-  });
-  CHECK(test::all_ok(codes, "one buffer, every token type"));
+  };
+  CHECK(test::on_three_ranks<T, bf16, fp8_e4m3, float>(256, "one buffer, every token type",
+                                                       every_type));
 }
 
 TEST_CASE_TEMPLATE_DEFINE("asynchronous calls: results, order behind a synchronous call, errors", T,
                           dc_async) {
   using namespace epcomm;
   EPCOMM_SUITE_CONTEXT(T);
-  const auto codes = launch_local(3, [](local_bootstrap& boot) {
-    buffer<T, bf16> buf(boot, test::case_config(3, 128));
-    return test::check_async_calls(buf, boot.rank(), 3);
-  });
-  CHECK(test::all_ok(codes, "asynchronous calls"));
+  const auto calls = [](auto& buf, int rank) { return test::check_async_calls(buf, rank, 3); };
+  CHECK(test::on_three_ranks<T, bf16>(128, "asynchronous calls", calls));
 }
 
 TEST_CASE_TEMPLATE_DEFINE(
