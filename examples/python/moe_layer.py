@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import epcomm as deep_ep
-
-E4M3_MAX = 448.0
+# torch 1.13 has no float8 dtype: fp8 tokens travel as their e4m3 bytes in uint8.
+from epcomm.fp8 import per_token_cast_back, per_token_cast_to_fp8
 
 
 def parse_args():
@@ -49,43 +49,6 @@ def parse_args():
         parser.error('need experts divisible by ranks, 1 <= topk <= experts, '
                      'hidden a multiple of 128')
     return args
-
-
-# -- fp8: torch 1.13 has no float8 dtype, so e4m3 values travel as their bytes in uint8 --------
-
-def _e4m3_table() -> torch.Tensor:
-    """The value of each e4m3fn byte: sign, 4 exponent bits (bias 7), 3
-    mantissa bits; exponent 0 is subnormal, S.1111.111 is NaN."""
-    codes = torch.arange(256)
-    exponent, mantissa = (codes >> 3) & 0xF, (codes & 7).double()
-    magnitude = torch.where(exponent == 0, mantissa / 8 * 2.0 ** -6,
-                            (1 + mantissa / 8) * torch.pow(2.0, exponent.double() - 7))
-    values = torch.where(codes >= 128, -magnitude, magnitude).float()
-    values[(codes & 0x7F) == 0x7F] = float('nan')
-    return values
-
-
-E4M3 = _e4m3_table()
-
-
-def per_token_cast_to_fp8(x: torch.Tensor):
-    """(e4m3 bytes [T][H], float32 scales [T][H/128]), each 128-channel block
-    scaled so that its largest magnitude becomes 448; round to nearest even."""
-    blocks = x.float().unflatten(1, (-1, 128))
-    amax = blocks.abs().amax(dim=2).clamp(min=1e-4)
-    scaled = (blocks * (E4M3_MAX / amax.unsqueeze(2))).flatten(1)
-    finite = E4M3[:127]  # codes 0x00..0x7e: 0 to 448, increasing
-    magnitude = scaled.abs().clamp(max=E4M3_MAX).contiguous()
-    upper = torch.searchsorted(finite, magnitude).clamp(max=126)
-    lower = (upper - 1).clamp(min=0)
-    below, above = magnitude - finite[lower], finite[upper] - magnitude
-    code = torch.where((above < below) | ((above == below) & (upper % 2 == 0)), upper, lower)
-    return (code | ((scaled < 0).long() << 7)).to(torch.uint8), amax / E4M3_MAX
-
-
-def per_token_cast_back(x_fp8: torch.Tensor, x_scales: torch.Tensor) -> torch.Tensor:
-    """float32 [T][H]: the values the bytes and scales stand for."""
-    return (E4M3[x_fp8.long()].unflatten(1, (-1, 128)) * x_scales.unsqueeze(2)).flatten(1)
 
 
 # -- the layer -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ waited for before a call starts.
 
 import datetime
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -68,18 +69,17 @@ class _PendingEvent:
         self.pending.wait()
 
 
+@dataclass(eq=False)
 class Config:
-    """DeepEP's Config: SMs and chunk sizes of the GPU kernels. The host
-    engine uses no SMs and moves whole calls, so it records them only."""
+    """DeepEP's Config: SMs and chunk sizes of the GPU kernels, in DeepEP's
+    argument order. The host engine uses no SMs and moves whole calls, so it
+    records them only."""
 
-    def __init__(self, num_sms=20, num_max_nvl_chunked_send_tokens=6,
-                 num_max_nvl_chunked_recv_tokens=256, num_max_rdma_chunked_send_tokens=6,
-                 num_max_rdma_chunked_recv_tokens=256):
-        self.num_sms = num_sms
-        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
-        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
-        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
-        self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
+    num_sms: int = 20
+    num_max_nvl_chunked_send_tokens: int = 6
+    num_max_nvl_chunked_recv_tokens: int = 256
+    num_max_rdma_chunked_send_tokens: int = 6
+    num_max_rdma_chunked_recv_tokens: int = 256
 
     def get_nvl_buffer_size_hint(self, hidden_bytes, num_ranks):
         """num_nvl_bytes for a Buffer whose normal mode then holds, per rank,
@@ -93,32 +93,35 @@ class Config:
         return 0
 
 
+@dataclass(eq=False)
 class _NormalHandle:
     """What combine and a cached dispatch need of one dispatch."""
 
-    def __init__(self, engine, num_experts, cpp, topk_idx, topk_weights, recv_src_idx):
-        self.engine = engine
-        self.num_experts = num_experts
-        self.cpp = cpp
-        self.topk_idx = topk_idx
-        self.topk_weights = topk_weights
-        self.recv_src_idx = recv_src_idx
-        self.num_recv_tokens = cpp.num_recv_tokens
+    engine: object
+    num_experts: int
+    cpp: object
+    topk_idx: object
+    topk_weights: object
+    recv_src_idx: object
+
+    @property
+    def num_recv_tokens(self):
+        return self.cpp.num_recv_tokens
 
 
+@dataclass(eq=False)
 class _LowLatencyHandle:
     """One low-latency dispatch. DeepEP's handle fields come first:
     src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden,
-    num_experts; `cpp` is set once the dispatch has been received."""
+    num_experts; they and `cpp` are set once the dispatch has been received."""
 
-    def __init__(self, engine, num_max_dispatch_tokens_per_rank, hidden, num_experts):
-        self.engine = engine
-        self.src_info = None
-        self.layout_range = None
-        self.num_max_dispatch_tokens_per_rank = num_max_dispatch_tokens_per_rank
-        self.hidden = hidden
-        self.num_experts = num_experts
-        self.cpp = None
+    engine: object
+    num_max_dispatch_tokens_per_rank: int
+    hidden: int
+    num_experts: int
+    src_info: object = None
+    layout_range: object = None
+    cpp: object = None
 
 
 def _add_wait_ns(stats, after, before):

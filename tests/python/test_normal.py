@@ -5,6 +5,7 @@ import torch
 
 import epcomm
 import reference as ref
+from epcomm import fp8
 from ranks import run_ranks
 
 EXPERTS, HIDDEN, TOPK = 12, 256, 3
@@ -110,6 +111,32 @@ def _fp8(rank, world):
 
 def test_fp8_and_bf16_on_one_buffer():
     run_ranks(_fp8, 2)
+
+
+def test_fp8_casts():
+    # Every byte decodes as the reference decoder says; encoding a byte's own
+    # value gives the byte back (0x80, -0, aside); values between two codes
+    # go to the nearer (the even one on a tie) and beyond 448 saturate.
+    codes = torch.arange(256).to(torch.uint8)
+    want = ref.e4m3_to_float(codes)
+    assert torch.equal(torch.isnan(fp8.E4M3), torch.isnan(want))
+    finite = ~torch.isnan(want)
+    assert torch.equal(fp8.E4M3[finite], want[finite])
+    kept = finite & (codes != 0x80)
+    assert torch.equal(fp8.to_e4m3_bytes(want[kept]), codes[kept])
+    halfway = torch.tensor([1.0625, 1.1875, 1000.0, -1000.0, 1.07])
+    assert fp8.to_e4m3_bytes(halfway).tolist() == [0x38, 0x3A, 0x7E, 0xFE, 0x38 + 1]
+    # Per token: each 128-channel block's largest magnitude becomes 448,
+    # and casting back is within e4m3's rounding (2^-4 relative).
+    x = ref.values(5, 6, 256, torch.bfloat16)
+    x_fp8, scales = fp8.per_token_cast_to_fp8(x)
+    assert x_fp8.dtype == torch.uint8 and x_fp8.shape == x.shape and scales.shape == (6, 2)
+    blocks = fp8.E4M3[x_fp8.long()].abs().unflatten(1, (-1, 128))
+    assert torch.equal(blocks.amax(dim=2), torch.full((6, 2), fp8.E4M3_MAX))
+    back = fp8.per_token_cast_back(x_fp8, scales)
+    assert bool(((back - x.float()).abs() <= x.float().abs() / 16 + 1e-6).all())
+    with pytest.raises(ValueError, match="multiple of 128"):
+        fp8.per_token_cast_to_fp8(x[:, :100])
 
 
 def _budget(rank, world):

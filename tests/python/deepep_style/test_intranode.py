@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 
 import epcomm as deep_ep
+from epcomm import fp8
+from epcomm.fp8 import per_token_cast_to_fp8
 
 device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 
@@ -46,48 +48,9 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
 
 
-def _e4m3_table() -> torch.Tensor:
-    """The value of each of the 256 e4m3fn bytes: sign, 4 exponent bits
-    (bias 7), 3 mantissa bits; exponent 0 is subnormal, S.1111.111 is NaN."""
-    codes = torch.arange(256)
-    exponent, mantissa = (codes >> 3) & 0xF, (codes & 7).double()
-    magnitude = torch.where(exponent == 0, mantissa / 8 * 2.0 ** -6,
-                            (1 + mantissa / 8) * torch.pow(2.0, exponent.double() - 7))
-    values = torch.where(codes >= 128, -magnitude, magnitude).float()
-    values[(codes & 0x7F) == 0x7F] = float('nan')
-    return values
-
-
-E4M3 = _e4m3_table()
-E4M3_MAX = 448.0
-
-
-def to_e4m3_bytes(v: torch.Tensor) -> torch.Tensor:
-    """float32 → e4m3fn bytes, round to nearest even, saturating at ±448.
-    torch 1.13 has no float8 dtype, so fp8 tokens are their bytes in uint8."""
-    finite = E4M3[:127].to(v.device)  # codes 0x00..0x7e: 0 to 448, increasing
-    magnitude = v.abs().clamp(max=E4M3_MAX).contiguous()
-    upper = torch.searchsorted(finite, magnitude).clamp(max=126)
-    lower = (upper - 1).clamp(min=0)
-    below, above = magnitude - finite[lower], finite[upper] - magnitude
-    # On a tie the even code wins: its mantissa ends in 0.
-    code = torch.where((above < below) | ((above == below) & (upper % 2 == 0)), upper, lower)
-    return (code | ((v < 0).long() << 7)).to(torch.uint8)
-
-
-def per_token_cast_to_fp8(x: torch.Tensor):
-    """(e4m3 bytes [T][H], float32 scales [T][H/128]): each 128-channel block
-    scaled so that its largest magnitude becomes 448."""
-    assert x.dim() == 2 and x.size(1) % 128 == 0
-    m, n = x.shape
-    x_view = x.float().view(m, -1, 128)
-    x_amax = x_view.abs().amax(dim=2).clamp(min=1e-4)
-    return to_e4m3_bytes(x_view * (E4M3_MAX / x_amax.unsqueeze(2))).view(m, n), x_amax / E4M3_MAX
-
-
 def per_token_cast_back(x_fp8: torch.Tensor, x_scales: torch.Tensor) -> torch.Tensor:
-    x_fp32 = E4M3.to(x_fp8.device)[x_fp8.long()].view(x_fp8.size(0), -1, 128)
-    return (x_fp32 * x_scales.reshape(x_fp8.size(0), -1, 1)).view(x_fp8.shape).to(torch.bfloat16)
+    """bf16, as DeepEP's test utility returns them: the values of fp8 rows."""
+    return fp8.per_token_cast_back(x_fp8, x_scales).to(torch.bfloat16)
 
 
 def gather(t: torch.Tensor, group) -> torch.Tensor:

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 import epcomm as deep_ep
-from test_intranode import (E4M3_MAX, calc_diff, free_port, gather, identify_rows, init_dist,
+from epcomm.fp8 import E4M3_MAX
+from test_intranode import (calc_diff, free_port, gather, identify_rows, init_dist,
                             per_token_cast_back)
 
 device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
