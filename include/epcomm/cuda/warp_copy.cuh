@@ -11,13 +11,31 @@ namespace epcomm::cuda::device {
 
 inline constexpr int warp_size = 32;
 
-// The widest power of two <= 16 dividing every given address or length.
-__device__ __forceinline__ int vector_width(std::uintptr_t bits) {
-  if ((bits & 15u) == 0) return 16;
-  if ((bits & 7u) == 0) return 8;
-  if ((bits & 3u) == 0) return 4;
-  if ((bits & 1u) == 0) return 2;
-  return 1;
+// Runs copy(Word{}, bytes / sizeof(Word)) with the widest word (int4, int2,
+// int, short or char) whose size divides every address and the length or'ed
+// into `bits`: one choice of width for every copy of this file and its users.
+template <class Copy>
+__device__ __forceinline__ void with_widest_word(std::uintptr_t bits, std::size_t bytes,
+                                                 Copy&& copy) {
+  if ((bits & 15u) == 0)
+    copy(int4{}, bytes / 16);
+  else if ((bits & 7u) == 0)
+    copy(int2{}, bytes / 8);
+  else if ((bits & 3u) == 0)
+    copy(int{}, bytes / 4);
+  else if ((bits & 1u) == 0)
+    copy(short{}, bytes / 2);
+  else
+    copy(char{}, bytes);
+}
+
+// The loads in flight per thread when `threads` threads copy a row of
+// `bytes` (whole 16-byte vectors) of known length: the thread's share, up to
+// 8 vectors (128 bytes) held in registers; longer rows loop.
+__host__ __device__ constexpr int unroll_of(std::size_t bytes, int threads) {
+  const std::size_t n = static_cast<std::size_t>(threads);
+  const std::size_t share = (bytes / 16 + n - 1) / n;
+  return share < 8 ? static_cast<int>(share) : 8;
 }
 
 // Loads `Unroll` vectors per lane before storing them, so each lane keeps
@@ -51,24 +69,10 @@ __device__ __forceinline__ void copy_words(const std::byte* src, std::byte* cons
 // needs no loop over destinations.
 __device__ inline void warp_copy_to_all(const std::byte* src, std::byte* const* dst, int ndst,
                                         std::size_t bytes, std::uintptr_t dst_align, int lane) {
-  const int w = vector_width(reinterpret_cast<std::uintptr_t>(src) | dst_align | bytes);
-  switch (w) {
-    case 16:
-      copy_words<int4, 4>(src, dst, ndst, bytes / 16, lane);
-      break;
-    case 8:
-      copy_words<int2, 4>(src, dst, ndst, bytes / 8, lane);
-      break;
-    case 4:
-      copy_words<int, 4>(src, dst, ndst, bytes / 4, lane);
-      break;
-    case 2:
-      copy_words<short, 4>(src, dst, ndst, bytes / 2, lane);
-      break;
-    default:
-      copy_words<char, 4>(src, dst, ndst, bytes, lane);
-      break;
-  }
+  with_widest_word(reinterpret_cast<std::uintptr_t>(src) | dst_align | bytes, bytes,
+                   [&](auto word, std::size_t words) {
+                     copy_words<decltype(word), 4>(src, dst, ndst, words, lane);
+                   });
 }
 
 // The compile-time-length version for hidden-specialised kernels: the caller
@@ -78,11 +82,7 @@ template <std::size_t Bytes>
 __device__ __forceinline__ void warp_copy_to_all(const std::byte* src, std::byte* const* dst,
                                                  int ndst, int lane) {
   static_assert(Bytes % 16 == 0, "hidden-specialised rows are whole 16-byte vectors");
-  constexpr std::size_t words = Bytes / 16;
-  constexpr int per_lane = static_cast<int>((words + warp_size - 1) / warp_size);
-  // Up to 8 vectors (128 bytes) per lane stay in registers; longer rows loop.
-  constexpr int unroll = per_lane < 8 ? per_lane : 8;
-  copy_words<int4, unroll>(src, dst, ndst, words, lane);
+  copy_words<int4, unroll_of(Bytes, warp_size)>(src, dst, ndst, Bytes / 16, lane);
 }
 
 }  // namespace epcomm::cuda::device

@@ -36,23 +36,9 @@ __device__ inline void group_copy(std::byte* dst, const std::byte* src, std::siz
                                   int n) {
   const std::uintptr_t bits =
       reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | bytes;
-  switch (vector_width(bits)) {
-    case 16:
-      group_copy_words<int4>(dst, src, bytes / 16, id, n);
-      break;
-    case 8:
-      group_copy_words<int2>(dst, src, bytes / 8, id, n);
-      break;
-    case 4:
-      group_copy_words<int>(dst, src, bytes / 4, id, n);
-      break;
-    case 2:
-      group_copy_words<short>(dst, src, bytes / 2, id, n);
-      break;
-    default:
-      group_copy_words<char>(dst, src, bytes, id, n);
-      break;
-  }
+  with_widest_word(bits, bytes, [&](auto word, std::size_t words) {
+    group_copy_words<decltype(word)>(dst, src, words, id, n);
+  });
 }
 
 // The compile-time version for hidden-specialised kernels: the caller
@@ -61,11 +47,7 @@ __device__ inline void group_copy(std::byte* dst, const std::byte* src, std::siz
 template <std::size_t Bytes, int N>
 __device__ __forceinline__ void group_copy(std::byte* dst, const std::byte* src, int id) {
   static_assert(Bytes % 16 == 0, "hidden-specialised rows are whole 16-byte vectors");
-  constexpr std::size_t words = Bytes / 16;
-  constexpr int per_thread = static_cast<int>((words + N - 1) / N);
-  // Up to 8 vectors (128 bytes) per thread stay in registers; longer ranges loop.
-  constexpr int unroll = per_thread < 8 ? per_thread : 8;
-  group_copy_words<int4, unroll>(dst, src, words, id, N);
+  group_copy_words<int4, unroll_of(Bytes, N)>(dst, src, Bytes / 16, id, N);
 }
 
 }  // namespace epcomm::cuda::device
