@@ -59,6 +59,56 @@ __device__ __forceinline__ std::uint64_t now_ns() {
 #endif
 }
 
+// Writes a failure record, the first of a call only: claims its code (none
+// -> -1, so that a reader waits for the rest), lets fill() write the other
+// fields, then publishes `value` after a fence. False, writing nothing, when
+// a failure is pending already (one the host has not read).
+template <class Code, class Fill>
+__device__ inline bool record_first_failure(Code* code, Code value, Fill&& fill) {
+  int* word = reinterpret_cast<int*>(code);
+  if (atomicCAS(word, static_cast<int>(Code::none), -1) != static_cast<int>(Code::none))
+    return false;
+  fill();
+  __threadfence();
+  atomicExch(word, static_cast<int>(value));
+  return true;
+}
+
+// to.*m = from.*m for each member m named: the fields of a failure record
+// that the failure fills (a report's other fields are the rank's own).
+template <class Record, class... Member>
+__device__ __forceinline__ void copy_fields(Record& to, const Record& from, Member Record::*... m) {
+  ((to.*m = from.*m), ...);
+}
+
+// The bounded wait of both modes' kernels: spins until *counter >= expected
+// (acquire) and returns true. The clock and the failure flags cost more than
+// the load, so every 32 polls it asks stopped() (true once this rank has
+// failed or a peer aborted, which stopped() records) and, once timeout_ns
+// have passed, calls late(last value seen) to record the deadline; either
+// way it returns false instead of hanging. `waited_ns`, when given, receives
+// how long a wait that succeeded took.
+template <class Stopped, class Late>
+__device__ inline bool wait_bounded(const std::uint64_t* counter, std::uint64_t expected,
+                                    std::uint64_t timeout_ns, Stopped&& stopped, Late&& late,
+                                    std::uint64_t* waited_ns = nullptr) {
+  const std::uint64_t start = now_ns();
+  for (std::uint32_t spin = 1;; ++spin) {
+    const std::uint64_t v = load_acquire(counter);
+    if (v >= expected) {
+      if (waited_ns != nullptr) *waited_ns = now_ns() - start;
+      return true;
+    }
+    if ((spin & 31u) == 0) {
+      if (stopped()) return false;
+      if (now_ns() - start > timeout_ns) {
+        late(v);
+        return false;
+      }
+    }
+  }
+}
+
 // Tells every peer, through its abort word there, that this rank gave up
 // because of `culprit`. Called once per rank (by whoever sets `broken`).
 // The proxy's status is not checked: a proxy that fails has its own cause,

@@ -25,21 +25,12 @@ __device__ __forceinline__ bool ll_is_broken(const ll_report* rep) {
 __device__ inline void ll_record(ll_report* rep, const ll_report& r, const abort_link& link) {
   if (ll_breaks_buffer(r.code) && atomicExch(&rep->broken, 1) == 0)
     relay_abort(link, r.peer >= 0 ? r.peer : link.rank);
-  if (atomicCAS(reinterpret_cast<int*>(&rep->code), static_cast<int>(ll_failure::none), -1) !=
-      static_cast<int>(ll_failure::none))
-    return;
-  rep->peer = r.peer;
-  rep->what = r.what;
-  rep->op = r.op;
-  rep->expected = r.expected;
-  rep->seen = r.seen;
-  rep->index = r.index;
-  rep->src_rank = r.src_rank;
-  rep->src_token = r.src_token;
-  rep->src_slot = r.src_slot;
-  for (int i = 0; i < wire::cause_bytes; ++i) rep->cause[i] = r.cause[i];
-  __threadfence();
-  atomicExch(reinterpret_cast<int*>(&rep->code), static_cast<int>(r.code));
+  record_first_failure(&rep->code, r.code, [&] {
+    copy_fields(*rep, r, &ll_report::peer, &ll_report::what, &ll_report::op, &ll_report::expected,
+                &ll_report::seen, &ll_report::index, &ll_report::src_rank, &ll_report::src_token,
+                &ll_report::src_slot);
+    for (int i = 0; i < wire::cause_bytes; ++i) rep->cause[i] = r.cause[i];
+  });
 }
 
 // A peer's abort word, if one is set: records it (which relays it on) and
@@ -67,29 +58,19 @@ __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expec
                                std::uint64_t timeout_ns, ll_report* rep, const abort_link& link,
                                ll_op op, int peer, ll_waited_for what,
                                std::uint64_t* waited_ns = nullptr) {
-  const std::uint64_t start = now_ns();
-  for (std::uint32_t spin = 1;; ++spin) {
-    const std::uint64_t v = load_acquire(counter);
-    if (v >= expected) {
-      if (waited_ns != nullptr) *waited_ns = now_ns() - start;
-      return true;
-    }
-    // The clock and the flags cost more than the load: check them every few polls.
-    if ((spin & 31u) == 0) {
-      if (ll_is_broken(rep) || ll_peer_aborted(rep, link, op, what)) return false;
-      if (now_ns() - start > timeout_ns) {
-        ll_report r{};
-        r.code = ll_failure::deadline;
-        r.peer = peer;
-        r.what = what;
-        r.op = op;
-        r.expected = static_cast<std::int64_t>(expected);
-        r.seen = static_cast<std::int64_t>(v);
-        ll_record(rep, r, link);
-        return false;
-      }
-    }
-  }
+  const auto late = [&](std::uint64_t seen) {
+    ll_report r{};
+    r.code = ll_failure::deadline;
+    r.peer = peer;
+    r.what = what;
+    r.op = op;
+    r.expected = static_cast<std::int64_t>(expected);
+    r.seen = static_cast<std::int64_t>(seen);
+    ll_record(rep, r, link);
+  };
+  return wait_bounded(
+      counter, expected, timeout_ns,
+      [&] { return ll_is_broken(rep) || ll_peer_aborted(rep, link, op, what); }, late, waited_ns);
 }
 
 // Over an RMA transport: a channel call that did not succeed breaks the
