@@ -12,7 +12,8 @@ bool selected(const std::vector<std::string>& wanted, const char* name) {
 void check_options(const options& opt, int ranks) {
   std::vector<std::string> known_transports, known_modes;
   for_each_type(transports{}, [&]<class T>(std::type_identity<T>) {
-    known_transports.push_back(transport_name<T>::value);
+    static_assert(transport_name<T> != nullptr, "a transport of the list has no transport_name");
+    known_transports.push_back(transport_name<T>);
   });
   for_each_type(modes{}, [&]<class M>(std::type_identity<M>) { known_modes.push_back(M::name); });
   auto check = [](const std::vector<std::string>& wanted, const std::vector<std::string>& known,

@@ -40,7 +40,7 @@ struct run_context {
 template <class Transport, class Mode, class Token>
 void run_workload(run_context& ctx, const workload& w) {
   record label;
-  label.transport = transport_name<Transport>::value;
+  label.transport = transport_name<Transport>;
   label.mode = Mode::name;
   label.ranks = ctx.boot.world_size();
   label.shape = w;
@@ -59,7 +59,7 @@ void run_if_supported(run_context& ctx, const workload& w) {
     run_workload<Transport, Mode, Token>(ctx, w);
   } else if (ctx.print) {
     std::printf("# %s/%s: %s is not supported by this mode over this transport; skipped\n",
-                transport_name<Transport>::value, Mode::name, name(w.type));
+                transport_name<Transport>, Mode::name, name(w.type));
   }
 }
 
@@ -87,7 +87,7 @@ bool selected(const std::vector<std::string>& wanted, const char* name);
 // Every registered transport and mode the options select.
 inline void run_all(run_context& ctx) {
   for_each_type(transports{}, [&]<class T>(std::type_identity<T>) {
-    if (!selected(ctx.opt.transports, transport_name<T>::value)) return;
+    if (!selected(ctx.opt.transports, transport_name<T>)) return;
     for_each_type(modes{}, [&]<class M>(std::type_identity<M>) {
       if (selected(ctx.opt.modes, M::name)) run_mode<T, M>(ctx);
     });

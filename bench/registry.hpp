@@ -23,51 +23,38 @@ namespace epcomm::bench {
 template <class... T>
 struct type_list {};
 
-template <class... Lists>
-struct concat;
-template <class... T>
-struct concat<type_list<T...>> {
-  using type = type_list<T...>;
-};
-template <class... A, class... B, class... Rest>
-struct concat<type_list<A...>, type_list<B...>, Rest...> : concat<type_list<A..., B...>, Rest...> {
-};
-
 // Calls f(std::type_identity<T>{}) for each T of the list, in order.
 template <class... T, class F>
 void for_each_type(type_list<T...>, F&& f) {
   (f(std::type_identity<T>{}), ...);
 }
 
+// The name --transport selects a transport by (none: the driver does not
+// compile for it).
 template <class Transport>
-struct transport_name;
-
+inline constexpr const char* transport_name = nullptr;
 template <>
-struct transport_name<shm::transport> {
-  static constexpr const char* value = "shm";
-};
-
+inline constexpr const char* transport_name<shm::transport> = "shm";
 #ifdef EPCOMM_BENCH_WITH_LIBFABRIC
-template <>
-struct transport_name<libfabric::transport> {
-  static constexpr const char* value = "libfabric";  // provider: FI_PROVIDER
-};
-using libfabric_transports = type_list<libfabric::transport>;
-#else
-using libfabric_transports = type_list<>;
+template <>  // its provider: FI_PROVIDER
+inline constexpr const char* transport_name<libfabric::transport> = "libfabric";
 #endif
-
 #ifdef EPCOMM_BENCH_WITH_UCX
-template <>
-struct transport_name<ucx::transport> {
-  static constexpr const char* value = "ucx";  // transports: UCX_TLS
-};
-using ucx_transports = type_list<ucx::transport>;
-#else
-using ucx_transports = type_list<>;
+template <>  // its transports: UCX_TLS
+inline constexpr const char* transport_name<ucx::transport> = "ucx";
 #endif
 
-using transports = concat<type_list<shm::transport>, libfabric_transports, ucx_transports>::type;
+// Every transport of this build, in the order the benchmark runs them.
+// clang-format off
+using transports = type_list<shm::transport
+#ifdef EPCOMM_BENCH_WITH_LIBFABRIC
+                             , libfabric::transport
+#endif
+#ifdef EPCOMM_BENCH_WITH_UCX
+                             , ucx::transport
+#endif
+                             >;
+// clang-format on
 
 struct normal_mode {
   static constexpr const char* name = "normal";
