@@ -19,22 +19,9 @@
 #pragma once
 
 #include <climits>
-#include <cstddef>
-#include <cstdint>
 #include <cstring>
 
-#include "epcomm/core/input_errors.hpp"
-#include "epcomm/core/token_types.hpp"
-#include "epcomm/low_latency/cuda/arith.hpp"
-#include "epcomm/low_latency/cuda/copy.cuh"
-#include "epcomm/low_latency/cuda/dispatch.cuh"
-#include "epcomm/low_latency/cuda/launch.hpp"
-#include "epcomm/low_latency/cuda/sync.cuh"
-#include "epcomm/low_latency/rma.hpp"
-#include "epcomm/low_latency/route.hpp"
-#include "epcomm/low_latency/verdict.hpp"
-#include "epcomm/low_latency/wire.hpp"
-#include "epcomm/proxy/channel.hpp"
+#include "epcomm/low_latency/cuda/kernel_parts.cuh"
 
 namespace epcomm::cuda::device {
 
@@ -44,16 +31,10 @@ __global__ void __launch_bounds__(ll_threads)
     ll_combine_send_kernel(const __grid_constant__ ll_args a) {
   extern __shared__ int first_row[];         // [E_local + 1] packed rows before each local expert
   __shared__ unsigned long long first_diff;  // lowest topk_idx entry that differs
-  ll_report* rep = a.ws.rep;
+  const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
   if (ll_is_broken(rep)) return;
-  const wire::ll::shape& s = a.shape;
-  const int world = s.world_size;
-  const int rank = a.peers.rank;
-  const int p = a.parity;
   const int el = s.local_experts();
   const int k = a.topk;
-  const int warp = threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
   const std::uint64_t epoch = a.ws.combine_epoch[p] + 1;
   const bool dispatched = a.ws.dispatch_ok[p] != 0;
   const auto* sent =
@@ -141,8 +122,8 @@ __global__ void __launch_bounds__(ll_threads)
         // The host engine's words for a handle whose dispatch was rejected.
         cause_text(cause, wire::cause_bytes)
             << "handle is stale: it names dispatch "
-            << static_cast<long long>(a.ws.dispatch_epoch[p]) << " of parity "
-            << static_cast<long long>(p) << ", whose outputs a later dispatch replaced";
+            << static_cast<long long>(a.ws.dispatch_epoch[a.parity]) << " of parity "
+            << static_cast<long long>(a.parity) << ", whose outputs a later dispatch replaced";
       else
         cause_text(cause, wire::cause_bytes)
             << "topk_idx[" << static_cast<long long>(first_diff / k) << "]["
@@ -297,14 +278,8 @@ __global__ void __launch_bounds__(ll_threads)
     ll_combine_recv_kernel(const __grid_constant__ ll_args a) {
   extern __shared__ __align__(16) std::byte smem[];
   __shared__ int accepted;
-  ll_report* rep = a.ws.rep;
+  const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
   if (ll_is_broken(rep)) return;
-  const wire::ll::shape& s = a.shape;
-  const int world = s.world_size;
-  const int rank = a.peers.rank;
-  const int p = a.parity;
-  const int warp = threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
   const std::uint64_t epoch = a.ws.combine_epoch[p];
   const bool self_ok = a.ws.combine_ok[p] != 0;
   const auto* words =

@@ -28,43 +28,13 @@
 #pragma once
 
 #include <climits>
-#include <cstddef>
-#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "epcomm/core/fp8_scaling.hpp"
-#include "epcomm/core/input_errors.hpp"
-#include "epcomm/core/token_types.hpp"
-#include "epcomm/low_latency/cuda/arith.hpp"
-#include "epcomm/low_latency/cuda/copy.cuh"
-#include "epcomm/low_latency/cuda/launch.hpp"
-#include "epcomm/low_latency/cuda/sync.cuh"
-#include "epcomm/low_latency/rma.hpp"
-#include "epcomm/low_latency/route.hpp"
-#include "epcomm/low_latency/verdict.hpp"
-#include "epcomm/low_latency/wire.hpp"
-#include "epcomm/proxy/channel.hpp"
+#include "epcomm/low_latency/cuda/kernel_parts.cuh"
 
 namespace epcomm::cuda::device {
-
-// Parity a.parity of the region at `offset` in rank r's buffer, as mapped here.
-__device__ __forceinline__ std::byte* ll_region(const ll_args& a, int r, std::size_t offset) {
-  return a.peers.buffer[r] + wire::ll::parity_base(a.plan, a.parity) + offset;
-}
-
-// This rank's whole buffer; RMA offsets (low_latency/rma.hpp) start here.
-__device__ __forceinline__ std::byte* ll_own_buffer(const ll_args& a) {
-  return a.peers.buffer[a.peers.rank];
-}
-
-__device__ __forceinline__ std::uint64_t* ll_signal(const ll_args& a, int r, std::size_t slot) {
-  return a.peers.signals[r] + slot;
-}
-
-__device__ __forceinline__ int ll_hidden(const ll_args& a, int compile_time) {
-  return compile_time > 0 ? compile_time : a.shape.hidden;
-}
 
 // Eight channels from `p`: one 16-byte load when aligned, else element-wise.
 __device__ __forceinline__ void load8(const bf16* p, bool aligned, bf16 (&out)[8]) {
@@ -181,65 +151,16 @@ __device__ void send_body(const ll_args& a, const std::byte* body, std::byte* co
   }
 }
 
-// Writes this rank's reject record into `kind`'s slot of every rank's reject
-// region (over RMA: of its own, and into its staging for the proxy); thread
-// 0 words the cause with describe(char* out). Block-wide.
-template <class Describe>
-__device__ void post_reject_records(const ll_args& a, wire::ll::reject_kind kind,
-                                    std::uint64_t epoch, Describe describe) {
-  __shared__ wire::ll::reject_record rec;
-  const int world = a.shape.world_size;
-  if (threadIdx.x == 0) {
-    rec.epoch = epoch;
-    for (int i = 0; i < wire::cause_bytes; ++i) rec.cause[i] = '\0';
-    describe(rec.cause);
-  }
-  __syncthreads();
-  constexpr int vectors = sizeof(wire::ll::reject_record) / 16;
-  static_assert(sizeof(wire::ll::reject_record) % 16 == 0);
-  const auto* in = reinterpret_cast<const int4*>(&rec);
-  const wire::ll::rma_write staged =
-      wire::ll::reject_write(a.shape, a.plan, a.parity, a.peers.rank, kind, a.peers.rank);
-  const int targets = a.route.via_proxy != 0 ? 2 : world;
-  for (int i = threadIdx.x; i < targets * vectors; i += blockDim.x) {
-    const int r = i / vectors;
-    std::byte* at = a.route.via_proxy != 0
-                        ? ll_own_buffer(a) + (r == 0 ? staged.remote : staged.local)
-                        : ll_region(a, r, a.plan.rejects) +
-                              (static_cast<std::size_t>(kind) * world + a.peers.rank) *
-                                  sizeof(wire::ll::reject_record);
-    reinterpret_cast<int4*>(at)[i % vectors] = in[i % vectors];
-  }
-  // Every record before any count word that announces it.
-  __threadfence_system();
-  __syncthreads();
-}
-
-// Stores a count word (16 bytes) into a peer's region and signals it: the
-// release add orders the word, and everything this block made visible
-// before, ahead of the counter update the receiver acquires.
-__device__ __forceinline__ void publish_count(std::byte* at, std::uint64_t* signal,
-                                              const wire::ll::count_word& w) {
-  *reinterpret_cast<wire::ll::count_word*>(at) = w;
-  add_release(signal, 1);
-}
-
 template <class Wire, int Hidden>
 __global__ void __launch_bounds__(ll_threads)
     ll_dispatch_send_kernel(const __grid_constant__ ll_args a) {
   extern __shared__ __align__(16) std::byte smem[];
   __shared__ unsigned long long first_bad;  // lowest invalid topk_idx entry
   __shared__ int first_overflow;            // lowest expert named more often than it has slots
-  ll_report* rep = a.ws.rep;
+  const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
   if (ll_is_broken(rep)) return;
-  const wire::ll::shape& s = a.shape;
-  const int world = s.world_size;
-  const int rank = a.peers.rank;
-  const int p = a.parity;
   const int experts = s.num_experts;
   const int k = a.topk;
-  const int warp = threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
   const std::uint64_t epoch = a.ws.dispatch_epoch[p] + 1;
   std::byte* body = smem;
   auto** dest = reinterpret_cast<std::byte**>(smem + ll_body_bytes(s));
@@ -307,7 +228,8 @@ __global__ void __launch_bounds__(ll_threads)
         describe_invalid_expert(cause, wire::cause_bytes, static_cast<long long>(first_bad), k,
                                 a.topk_idx[first_bad], experts);
       else
-        describe_expert_overflow(cause, wire::cause_bytes, first_overflow, s.max_tokens_per_rank);
+        describe_expert_overflow(cause, wire::cause_bytes, first_overflow,
+                                 a.shape.max_tokens_per_rank);
     });
   const int per_rank = s.local_experts();
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
@@ -439,14 +361,8 @@ template <class Wire, int Hidden>
 __global__ void __launch_bounds__(ll_threads)
     ll_dispatch_recv_kernel(const __grid_constant__ ll_args a) {
   __shared__ int begin, count, unpack;
-  ll_report* rep = a.ws.rep;
+  const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
   if (ll_is_broken(rep)) return;
-  const wire::ll::shape& s = a.shape;
-  const int world = s.world_size;
-  const int rank = a.peers.rank;
-  const int p = a.parity;
-  const int warp = threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
   const std::uint64_t epoch = a.ws.dispatch_epoch[p];
   const bool self_ok = a.ws.dispatch_ok[p] != 0;
   const auto* words =
