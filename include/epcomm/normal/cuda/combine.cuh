@@ -27,6 +27,7 @@
 #include "epcomm/cuda/warp_copy.cuh"
 #include "epcomm/normal/count_matrix.hpp"
 #include "epcomm/normal/cuda/dispatch.cuh"
+#include "epcomm/normal/cuda/kernel_thread.cuh"
 #include "epcomm/normal/cuda/launch.hpp"
 #include "epcomm/normal/cuda/notify.cuh"
 #include "epcomm/normal/cuda/sync.cuh"
@@ -50,13 +51,9 @@ __global__ void __launch_bounds__(combine_threads)
   __shared__ int recv_begin[peer_table::max_ranks + 1];
   __shared__ int return_row[peer_table::max_ranks];
   __shared__ std::byte* target[combine_warps];
-  report* rep = a.ws.rep;
+  const auto [rep, world, rank, warp, lane] = thread_of<Ranks>(a);
   if (is_broken(rep)) return;
-  const int world = Ranks > 0 ? Ranks : a.peers.world_size;
-  const int rank = a.peers.rank;
   const bool accepted = a.ws.accepted[0] != 0 && a.ws.accepted[1] != 0;
-  const int warp = threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
 
   for (int s = threadIdx.x; s <= world; s += blockDim.x) {
     recv_begin[s] = recv_offset(a.ws.count_matrix, world, s, rank);
@@ -167,13 +164,9 @@ __global__ void __launch_bounds__(combine_threads)
     combine_reduce_kernel(const __grid_constant__ combine_args a) {
   extern __shared__ std::byte dyn[];
   __shared__ int first_row[peer_table::max_ranks];
-  report* rep = a.ws.rep;
+  const auto [rep, world, rank, warp, lane] = thread_of<Ranks>(a);
   if (is_broken(rep)) return;
-  const int world = Ranks > 0 ? Ranks : a.peers.world_size;
-  const int rank = a.peers.rank;
   const bool accepted = a.ws.accepted[0] != 0 && a.ws.accepted[1] != 0;
-  const int warp = threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
 
   bool ok = true;
   if (warp == 0) {

@@ -28,6 +28,7 @@
 #include "epcomm/core/token_types.hpp"
 #include "epcomm/cuda/warp_copy.cuh"
 #include "epcomm/normal/count_matrix.hpp"
+#include "epcomm/normal/cuda/kernel_thread.cuh"
 #include "epcomm/normal/cuda/launch.hpp"
 #include "epcomm/normal/cuda/sync.cuh"
 #include "epcomm/normal/route.hpp"
@@ -164,13 +165,9 @@ __global__ void __launch_bounds__(dispatch_threads)
     dispatch_kernel(const __grid_constant__ dispatch_args a) {
   extern __shared__ std::byte dyn[];
   __shared__ int dest_base[peer_table::max_ranks];
-  report* rep = a.ws.rep;
+  const auto [rep, world, rank, warp, lane] = thread_of<Ranks>(a);
   if (is_broken(rep)) return;
-  const int world = Ranks > 0 ? Ranks : a.peers.world_size;
-  const int rank = a.peers.rank;
   const bool accepted = a.ws.accepted[0] != 0;
-  const int warp = threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
   const unsigned senders = gridDim.x - 1;
 
   if (blockIdx.x == senders) {
