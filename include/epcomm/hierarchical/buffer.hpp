@@ -540,11 +540,11 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
         std::size_t remote, staged, row;
       };
       const array arrays[] = {
-          {rail_plan_.relay_x, rail_plan_.send_relay_x, hidden * sizeof(Token)},
-          {rail_plan_.relay_scales, rail_plan_.send_relay_scales, nscales * sizeof(float)},
-          {rail_plan_.relay_topk_idx, rail_plan_.send_relay_topk_idx, relayed_ids_bytes(k)},
-          {rail_plan_.relay_weights, rail_plan_.send_relay_weights, k * sizeof(float)},
-          {rail_plan_.relay_src_idx, rail_plan_.send_relay_src_idx, sizeof(std::int32_t)}};
+          {rail_plan_.relay.x, rail_plan_.send_relay.x, hidden * sizeof(Token)},
+          {rail_plan_.relay.scales, rail_plan_.send_relay.scales, nscales * sizeof(float)},
+          {rail_plan_.relay.topk_idx, rail_plan_.send_relay.topk_idx, relayed_ids_bytes(k)},
+          {rail_plan_.relay.weights, rail_plan_.send_relay.weights, k * sizeof(float)},
+          {rail_plan_.relay.src_idx, rail_plan_.send_relay.src_idx, sizeof(std::int32_t)}};
       auto at = [&](const array& a) {
         return inter_.outgoing(m, a.remote + block * a.row, a.staged + first * a.row);
       };
@@ -602,11 +602,11 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     const std::size_t ids_row = relayed_ids_bytes(k) / sizeof(std::uint64_t);
     const std::size_t nscales = token_traits<Token>::has_scales ? hidden / 128 : 0;
     const std::size_t block = static_cast<std::size_t>(m) * cap_.max_tokens_per_rank;
-    const auto* x = reinterpret_cast<const Token*>(inter_.local(rail_plan_.relay_x));
-    const auto* scales = reinterpret_cast<const float*>(inter_.local(rail_plan_.relay_scales));
-    const auto* ids = inter_.local(rail_plan_.relay_topk_idx);
-    const auto* weights = reinterpret_cast<const float*>(inter_.local(rail_plan_.relay_weights));
-    const auto* src = reinterpret_cast<const std::int32_t*>(inter_.local(rail_plan_.relay_src_idx));
+    const auto* x = reinterpret_cast<const Token*>(inter_.local(rail_plan_.relay.x));
+    const auto* scales = reinterpret_cast<const float*>(inter_.local(rail_plan_.relay.scales));
+    const auto* ids = inter_.local(rail_plan_.relay.topk_idx);
+    const auto* weights = reinterpret_cast<const float*>(inter_.local(rail_plan_.relay.weights));
+    const auto* src = reinterpret_cast<const std::int32_t*>(inter_.local(rail_plan_.relay.src_idx));
     return [=](int r) {
       const std::size_t row = block + r;
       const std::byte* row_ids = ids + row * ids_row * sizeof(std::uint64_t);

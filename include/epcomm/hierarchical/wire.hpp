@@ -93,6 +93,18 @@ struct node_plan {
   std::size_t total;
 };
 
+// The arrays of a run of relayed rows, in this order.
+struct relay_rows {
+  std::size_t x;
+  std::size_t scales;
+  // Global expert ids, [max_topk] per row; in a dispatch from a cached
+  // handle, which relays no ids, the row's mask of the node's ranks it
+  // reaches ([mask_words] uint64) in their place.
+  std::size_t topk_idx;
+  std::size_t weights;
+  std::size_t src_idx;
+};
+
 // The rail transport's buffer. Blocks are indexed by node: the source node of
 // what lands here, or the destination node of what is staged.
 struct rail_plan {
@@ -106,14 +118,7 @@ struct rail_plan {
   std::size_t status_masks;  // offset of the count and masks within a status slot
   // Relayed rows, [N][max_tokens_per_rank] rows, block = source node; within a
   // block, the source's tokens that reach this node, in token order.
-  std::size_t relay_x;
-  std::size_t relay_scales;
-  // Global expert ids, [max_topk] per row; in a dispatch from a cached
-  // handle, which relays no ids, the row's mask of the node's ranks it
-  // reaches ([mask_words] uint64) in their place.
-  std::size_t relay_topk_idx;
-  std::size_t relay_weights;
-  std::size_t relay_src_idx;
+  relay_rows relay;
   // Partial sums, [N][max_tokens_per_rank] fp32 rows, block = the node that
   // reduced them (this rank's own node included, reduced here). They share
   // memory with the relayed rows: relays are read within dispatch, partial
@@ -126,11 +131,7 @@ struct rail_plan {
   // Relayed rows by destination node, max_relay_rows rows; partial sums by
   // destination source rank, (N - 1) * max_tokens_per_rank rows. They share
   // memory, like the flat plan's dispatch and combine staging.
-  std::size_t send_relay_x;
-  std::size_t send_relay_scales;
-  std::size_t send_relay_topk_idx;
-  std::size_t send_relay_weights;
-  std::size_t send_relay_src_idx;
+  relay_rows send_relay;
   std::size_t send_partial_x;
   std::size_t send_partial_weights;
   std::size_t total;
@@ -150,11 +151,7 @@ EPCOMM_HD constexpr node_plan plan_node(const capacity& c, int nodes) {
   const std::size_t h = static_cast<std::size_t>(c.max_hidden);
   const std::size_t k = static_cast<std::size_t>(c.max_topk);
   carver regions;
-  p.notify_slot_bytes = align_up(notify_record_bytes(c, nodes), 64);
-  p.notify = regions.take(p.notify_slot_bytes * c.world_size);
-  p.combine_status_slot_bytes = align_up(sizeof(combine_header), 64);
-  p.combine_status = regions.take(p.combine_status_slot_bytes * c.world_size);
-  take_received_rows(p, regions, c, n);
+  take_exchange_regions(p, regions, c, align_up(notify_record_bytes(c, nodes), 64), n);
   p.staged_y = regions.take(n * h * c.combine_bytes);
   p.staged_weights = regions.take(n * k * sizeof(float));
   p.total = regions.at();
@@ -172,17 +169,22 @@ EPCOMM_HD constexpr rail_plan plan_rail(const capacity& c, int nodes, int ranks_
   const std::size_t words = static_cast<std::size_t>(mask_words(ranks_per_node));
   const std::size_t ids = k > words ? k : words;  // 8-byte ids or mask words per relayed row
   carver regions;
+  const auto take_relay_rows = [&](std::size_t rows) {
+    relay_rows r{};
+    r.x = regions.take(rows * h * c.token_bytes);
+    r.scales = regions.take(rows * scales * sizeof(float));
+    r.topk_idx = regions.take(rows * ids * sizeof(std::int64_t));
+    r.weights = regions.take(rows * k * sizeof(float));
+    r.src_idx = regions.take(rows * sizeof(std::int32_t));
+    return r;
+  };
   p.notify_slot_bytes = align_up(notify_record_bytes(c, nodes), 64);
   p.notify = regions.take(p.notify_slot_bytes * nodes);
   p.status_masks = align_up(sizeof(combine_header), 64);
   p.status_slot_bytes = align_up(p.status_masks + (1 + t * words) * sizeof(std::uint64_t), 64);
   p.status = regions.take(p.status_slot_bytes * nodes);
   const std::size_t shared_at = regions.at();
-  p.relay_x = regions.take(blocks * h * c.token_bytes);
-  p.relay_scales = regions.take(blocks * scales * sizeof(float));
-  p.relay_topk_idx = regions.take(blocks * ids * sizeof(std::int64_t));
-  p.relay_weights = regions.take(blocks * k * sizeof(float));
-  p.relay_src_idx = regions.take(blocks * sizeof(std::int32_t));
+  p.relay = take_relay_rows(blocks);
   std::size_t end = regions.at();
   regions.back_to(shared_at);
   p.partial_x = regions.take(blocks * h * sizeof(float));
@@ -194,11 +196,7 @@ EPCOMM_HD constexpr rail_plan plan_rail(const capacity& c, int nodes, int ranks_
     const std::size_t relay = max_relay_rows(c, nodes);
     const std::size_t partial = static_cast<std::size_t>(nodes - 1) * t;
     const std::size_t rows_at = regions.at();
-    p.send_relay_x = regions.take(relay * h * c.token_bytes);
-    p.send_relay_scales = regions.take(relay * scales * sizeof(float));
-    p.send_relay_topk_idx = regions.take(relay * ids * sizeof(std::int64_t));
-    p.send_relay_weights = regions.take(relay * k * sizeof(float));
-    p.send_relay_src_idx = regions.take(relay * sizeof(std::int32_t));
+    p.send_relay = take_relay_rows(relay);
     end = regions.at();
     regions.back_to(rows_at);
     p.send_partial_x = regions.take(partial * h * sizeof(float));

@@ -155,6 +155,20 @@ EPCOMM_HD constexpr void take_received_rows(Plan& p, carver& regions, const capa
   p.recv_src_idx = regions.take(n * sizeof(std::int32_t));
 }
 
+// What every plan of an exchange among c.world_size ranks starts with, in
+// this order: a notify slot of `notify_slot_bytes` and a combine status slot
+// per rank, then `n` received rows (take_received_rows).
+template <class Plan>
+EPCOMM_HD constexpr void take_exchange_regions(Plan& p, carver& regions, const capacity& c,
+                                               std::size_t notify_slot_bytes, std::size_t n) {
+  const std::size_t ranks = static_cast<std::size_t>(c.world_size);
+  p.notify_slot_bytes = notify_slot_bytes;
+  p.notify = regions.take(notify_slot_bytes * ranks);
+  p.combine_status_slot_bytes = align_up(sizeof(combine_header), 64);
+  p.combine_status = regions.take(p.combine_status_slot_bytes * ranks);
+  take_received_rows(p, regions, c, n);
+}
+
 // With a window (c.window_rows > 0) the receive, combine and staging rows are
 // R windows of window_rows rows, one per peer, and there is neither an
 // in-place combine region nor send_tokens: rows then reach their place in
@@ -170,12 +184,10 @@ EPCOMM_HD constexpr region_plan plan_regions(const capacity& c, bool staging = f
   const std::size_t k = static_cast<std::size_t>(c.max_topk);
   const std::size_t local_experts = static_cast<std::size_t>(c.num_experts / c.world_size);
   carver regions;
-  p.notify_slot_bytes =
-      align_up(sizeof(notify_header) + sizeof(std::int32_t) * (c.world_size + local_experts), 64);
-  p.notify = regions.take(p.notify_slot_bytes * c.world_size);
-  p.combine_status_slot_bytes = align_up(sizeof(combine_header), 64);
-  p.combine_status = regions.take(p.combine_status_slot_bytes * c.world_size);
-  take_received_rows(p, regions, c, n);
+  take_exchange_regions(
+      p, regions, c,
+      align_up(sizeof(notify_header) + sizeof(std::int32_t) * (c.world_size + local_experts), 64),
+      n);
   p.combine_x = regions.take(rows * h * c.combine_bytes);
   p.combine_weights = regions.take(rows * k * sizeof(float));
   if (in_place_combine && !windowed) p.combine_y = regions.take(n * h * c.combine_bytes);
