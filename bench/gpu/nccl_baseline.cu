@@ -20,14 +20,19 @@ namespace {
 
 constexpr int warps = 8;
 
-struct pack_args {
+// Where each token's rows go: what the pack and reduce kernels share.
+struct routed_rows {
+  const std::int32_t* send_pos;  // [T][R]
+  int send_offset[cuda::peer_table::max_ranks];
+  int num_tokens, hidden, topk, world;
+};
+
+struct pack_args : routed_rows {
   const void* x;
   const float* x_scales;
   const std::int64_t* topk_idx;
   const float* topk_weights;
-  const std::int32_t* send_pos;  // [T][R]
-  int send_offset[cuda::peer_table::max_ranks];
-  int num_tokens, hidden, topk, world, experts_per_rank;
+  int experts_per_rank;
   void* send_x;
   float* send_scales;
   std::int64_t* send_idx;
@@ -35,12 +40,9 @@ struct pack_args {
   std::int32_t* send_src;
 };
 
-struct reduce_args {
+struct reduce_args : routed_rows {
   const void* returned;           // [rows sent][H] combine elements, by destination rank
   const float* returned_weights;  // [rows sent][K] or null
-  const std::int32_t* send_pos;   // [T][R]
-  int send_offset[cuda::peer_table::max_ranks];
-  int num_tokens, hidden, topk, world;
   void* out_x;
   float* out_weights;
 };
@@ -258,36 +260,65 @@ void nccl_baseline<Token>::check(cudaError_t r, const char* what) {
 
 template <token_type Token>
 void nccl_baseline<Token>::wait_comm(const char* what) {
-  ncclResult_t state = ncclInProgress;
-  await(
+  settle(
       [&] {
+        ncclResult_t state = ncclInProgress;
         check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
-        return state != ncclInProgress;
+        return state;
       },
-      what);
-  check(state, what);
+      ncclInProgress, what);
 }
 
 template <token_type Token>
 void nccl_baseline<Token>::wait_stream(cudaStream_t stream, const char* what) {
-  cudaError_t status = cudaSuccess;
-  await(
-      [&] {
-        status = cudaStreamQuery(stream);
-        return status != cudaErrorNotReady;
-      },
-      what);
-  check(status, what);
+  settle([&] { return cudaStreamQuery(stream); }, cudaErrorNotReady, what);
 }
 
 template <token_type Token>
-template <class Settled>
-void nccl_baseline<Token>::await(Settled&& settled, const char* what) {
-  if (detail::spin_wait(settled, deadline::after(timeout_), [] {})) return;
+template <class Status, class Query>
+void nccl_baseline<Token>::settle(Query&& query, Status pending, const char* what) {
+  Status status = pending;
+  if (detail::spin_wait(
+          [&] {
+            status = query();
+            return status != pending;
+          },
+          deadline::after(timeout_), [] {})) {
+    check(status, what);
+    return;
+  }
   // Aborted, so that no later call on the communicator hangs.
   ncclCommAbort(comm_);
   comm_ = nullptr;
   throw error(rank_, "nccl baseline", no_peer, std::string(what) + " did not complete in time");
+}
+
+template <token_type Token>
+void nccl_baseline<Token>::exchange_rows(const void* from, const std::vector<int>& from_offset,
+                                         const std::vector<int>& from_count, void* to,
+                                         const std::vector<int>& to_offset,
+                                         const std::vector<int>& to_count, std::size_t row_bytes,
+                                         cudaStream_t stream) {
+  if (row_bytes == 0) return;
+  for (int p = 0; p < world_; ++p) {
+    check(ncclSend(static_cast<const std::byte*>(from) + from_offset[p] * row_bytes,
+                   from_count[p] * row_bytes, ncclUint8, p, comm_, stream),
+          "ncclSend");
+    check(ncclRecv(static_cast<std::byte*>(to) + to_offset[p] * row_bytes, to_count[p] * row_bytes,
+                   ncclUint8, p, comm_, stream),
+          "ncclRecv");
+  }
+}
+
+template <token_type Token>
+template <class Args>
+void nccl_baseline<Token>::fill_routing(Args& a) const {
+  a.send_pos = ws_.send_pos;
+  std::copy(send_offset_.begin(), send_offset_.end(), a.send_offset);
+  a.num_tokens = num_tokens_;
+  a.hidden = hidden_;
+  a.topk = topk_;
+  a.world = world_;
 }
 
 template <token_type Token>
@@ -330,16 +361,11 @@ auto nccl_baseline<Token>::dispatch(const Token* x, const float* scales,
   }
 
   pack_args pa{};
+  fill_routing(pa);
   pa.x = x;
   pa.x_scales = scales;
   pa.topk_idx = topk_idx;
   pa.topk_weights = topk_weights;
-  pa.send_pos = ws_.send_pos;
-  std::copy(send_offset_.begin(), send_offset_.end(), pa.send_offset);
-  pa.num_tokens = num_tokens;
-  pa.hidden = hidden_;
-  pa.topk = topk_;
-  pa.world = world_;
   pa.experts_per_rank = experts_ / world_;
   pa.send_x = send_x_;
   pa.send_scales = send_scales_;
@@ -352,16 +378,9 @@ auto nccl_baseline<Token>::dispatch(const Token* x, const float* scales,
   const std::size_t row = static_cast<std::size_t>(hidden_) * sizeof(Token);
   const std::size_t srow = token_traits<Token>::has_scales ? hidden_ / 128 * sizeof(float) : 0;
   const std::size_t k = topk_;
-  auto exchange = [&](const void* from, void* to, std::size_t bytes_per_row) {
-    if (bytes_per_row == 0) return;
-    for (int p = 0; p < world_; ++p) {
-      check(ncclSend(static_cast<const std::byte*>(from) + send_offset_[p] * bytes_per_row,
-                     send_counts_[p] * bytes_per_row, ncclUint8, p, comm_, stream),
-            "ncclSend");
-      check(ncclRecv(static_cast<std::byte*>(to) + recv_offset_[p] * bytes_per_row,
-                     recv_counts_[p] * bytes_per_row, ncclUint8, p, comm_, stream),
-            "ncclRecv");
-    }
+  auto exchange = [&](const void* from, void* to, std::size_t row_bytes) {
+    exchange_rows(from, send_offset_, send_counts_, to, recv_offset_, recv_counts_, row_bytes,
+                  stream);
   };
   check(ncclGroupStart(), "ncclGroupStart");
   exchange(send_x_, recv_x_, row);
@@ -381,36 +400,20 @@ void nccl_baseline<Token>::combine(const combine_t* y, const float* y_weights, c
                                    float* out_weights, cudaStream_t stream) {
   const std::size_t row = static_cast<std::size_t>(hidden_) * sizeof(combine_t);
   const std::size_t wrow = static_cast<std::size_t>(topk_) * sizeof(float);
+  // The dispatch's exchange reversed: rows go back where they came from.
   check(ncclGroupStart(), "ncclGroupStart");
-  for (int p = 0; p < world_; ++p) {
-    check(ncclSend(reinterpret_cast<const std::byte*>(y) + recv_offset_[p] * row,
-                   recv_counts_[p] * row, ncclUint8, p, comm_, stream),
-          "ncclSend(rows)");
-    check(ncclRecv(static_cast<std::byte*>(returned_) + send_offset_[p] * row,
-                   send_counts_[p] * row, ncclUint8, p, comm_, stream),
-          "ncclRecv(rows)");
-    if (y_weights != nullptr) {
-      check(ncclSend(reinterpret_cast<const std::byte*>(y_weights) + recv_offset_[p] * wrow,
-                     recv_counts_[p] * wrow, ncclUint8, p, comm_, stream),
-            "ncclSend(weights)");
-      check(ncclRecv(reinterpret_cast<std::byte*>(returned_weights_) + send_offset_[p] * wrow,
-                     send_counts_[p] * wrow, ncclUint8, p, comm_, stream),
-            "ncclRecv(weights)");
-    }
-  }
+  exchange_rows(y, recv_offset_, recv_counts_, returned_, send_offset_, send_counts_, row, stream);
+  if (y_weights != nullptr)
+    exchange_rows(y_weights, recv_offset_, recv_counts_, returned_weights_, send_offset_,
+                  send_counts_, wrow, stream);
   const ncclResult_t e = ncclGroupEnd();
   if (e != ncclInProgress) check(e, "ncclGroupEnd(combine)");
   wait_comm("combine all-to-all");
 
   reduce_args ra{};
+  fill_routing(ra);
   ra.returned = returned_;
   ra.returned_weights = returned_weights_;
-  ra.send_pos = ws_.send_pos;
-  std::copy(send_offset_.begin(), send_offset_.end(), ra.send_offset);
-  ra.num_tokens = num_tokens_;
-  ra.hidden = hidden_;
-  ra.topk = topk_;
-  ra.world = world_;
   ra.out_x = out_x;
   ra.out_weights = y_weights != nullptr ? out_weights : nullptr;
   launch_reduce<combine_t>(ra, stream);

@@ -60,9 +60,21 @@ class nccl_baseline {
   void check(cudaError_t r, const char* what);
   void wait_comm(const char* what);
   void wait_stream(cudaStream_t stream, const char* what);
-  // Polls settled() until it holds; past the timeout, aborts the communicator and throws.
-  template <class Settled>
-  void await(Settled&& settled, const char* what);
+  // Polls query() for an operation's status until it is no longer `pending`,
+  // then checks it; past the timeout, aborts the communicator and throws.
+  template <class Status, class Query>
+  void settle(Query&& query, Status pending, const char* what);
+  // Sends, for every rank p, its from_count[p] rows of `from` (starting at
+  // row from_offset[p]) and receives to_count[p] rows into `to` (at row
+  // to_offset[p]); rows of row_bytes. Called within a group.
+  void exchange_rows(const void* from, const std::vector<int>& from_offset,
+                     const std::vector<int>& from_count, void* to,
+                     const std::vector<int>& to_offset, const std::vector<int>& to_count,
+                     std::size_t row_bytes, cudaStream_t stream);
+  // Fills what the pack and reduce kernels' arguments share (routed_rows):
+  // the routing of the last dispatch.
+  template <class Args>
+  void fill_routing(Args& a) const;
 
   int rank_, world_, experts_, max_tokens_, hidden_, topk_;
   std::chrono::milliseconds timeout_;
