@@ -18,6 +18,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "epcomm/core/fp8_scaling.hpp"
@@ -128,10 +129,16 @@ struct experts {
   }
 };
 
+// A rank's gate output: the top-k experts of each token and their weights.
+struct routing {
+  std::vector<std::int64_t> idx;  // [T][K]
+  std::vector<float> w;           // [T][K]
+};
+
 // Softmax over random logits, top-k, weights renormalised over the chosen k.
-void route(const options& o, int rank, std::vector<std::int64_t>& idx, std::vector<float>& w) {
-  idx.assign(static_cast<std::size_t>(o.tokens) * o.topk, -1);
-  w.assign(idx.size(), 0.0f);
+routing route(const options& o, int rank) {
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(o.tokens) * o.topk, -1);
+  std::vector<float> w(idx.size(), 0.0f);
   std::vector<float> p(o.experts);
   std::vector<int> order(o.experts);
   for (int t = 0; t < o.tokens; ++t) {
@@ -146,6 +153,7 @@ void route(const options& o, int rank, std::vector<std::int64_t>& idx, std::vect
       w[t * o.topk + k] = p[order[k]] / sum;
     }
   }
+  return {std::move(idx), std::move(w)};
 }
 
 struct rank_stats {
@@ -231,9 +239,7 @@ int run_rank(Boot& boot, const options& o) {
     for (int c = 0; c < h; ++c)
       out[c] = fp8 ? to_float(row[c]) * row_scales[c / fp8_block] : to_float(row[c]);
   };
-  std::vector<std::int64_t> idx;
-  std::vector<float> w;
-  route(o, rank, idx, w);
+  const auto [idx, w] = route(o, rank);
 
   buffer_config cfg;
   cfg.num_experts = o.experts;
@@ -304,9 +310,7 @@ int run_low_latency_rank(Boot& boot, const options& o) {
 
   std::vector<bf16> x(static_cast<std::size_t>(o.tokens) * h);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = to_bf16(uniform(o.seed, 0x7, rank, i));
-  std::vector<std::int64_t> idx;
-  std::vector<float> w;
-  route(o, rank, idx, w);
+  const auto [idx, w] = route(o, rank);
 
   low_latency_config cfg;
   cfg.num_experts = o.experts;

@@ -268,14 +268,20 @@ int run_rank(local_bootstrap& boot, const shape& s, int per_node,
   return rc;
 }
 
-template <class Inter, class... Tokens>
-bool run_grouped(const shape& s, int per_node, const std::vector<routing>& routes) {
+// Runs f(boot) on `world` local ranks grouped into nodes of `per_node`;
+// returns their exit codes.
+template <class F>
+std::vector<int> launch_nodes(int world, int per_node, F&& f) {
   local_launch_options opt;
   opt.ranks_per_node = per_node;
-  const auto codes = launch_local(
-      s.world,
-      [&](local_bootstrap& boot) { return run_rank<Inter, Tokens...>(boot, s, per_node, routes); },
-      opt);
+  return launch_local(world, std::forward<F>(f), opt);
+}
+
+template <class Inter, class... Tokens>
+bool run_grouped(const shape& s, int per_node, const std::vector<routing>& routes) {
+  const auto codes = launch_nodes(s.world, per_node, [&](local_bootstrap& boot) {
+    return run_rank<Inter, Tokens...>(boot, s, per_node, routes);
+  });
   return test::all_ok(codes, std::to_string(s.world / per_node) + " nodes of " +
                                  std::to_string(per_node) + ": " +
                                  test::describe(s, "each listed token type, one buffer") + ", " +
@@ -290,74 +296,69 @@ template <class Inter>
 bool bad_input_stops_everyone() {
   const shape s{4, 24, 256, 4, 16, routing::random, 3};
   constexpr int culprit = 3;
-  local_launch_options opt;
-  opt.ranks_per_node = 2;
-  const auto codes = launch_local(
-      s.world,
-      [&](local_bootstrap& boot) {
-        const int rank = boot.rank();
-        auto fail = [&](const std::string& e) {
-          std::fprintf(stderr, "rank %d: %s\n", rank, e.c_str());
-          return 1;
-        };
-        hier<Inter, bf16, float> buf(
-            boot, {s.experts, s.hidden, s.topk, s.tokens, 0, std::chrono::milliseconds(20'000)});
-        std::vector<test::rank_input<bf16>> all;
-        for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<bf16>(s, r));
-        auto idx = all[rank].topk_idx;
-        if (rank == culprit) idx[5] = s.experts;
-        try {
-          buf.dispatch({s.tokens, s.hidden, s.topk, all[rank].x, {}, idx, all[rank].topk_weights});
-          return fail("bad expert id accepted");
-        } catch (const error& e) {
-          const std::string text = e.what();
-          if (text.find("topk_idx[1][1] = 16 is outside [-1, 16)") == std::string::npos ||
-              (rank != culprit && e.peer() != culprit))
-            return fail("unexpected error: " + text);
-        }
-        const auto after = buf.traffic();
-        for (const auto* v : {&after.inter.payload_bytes, &after.intra.payload_bytes})
-          for (auto b : *v)
-            if (b != 0) return fail("payload moved before the call was rejected");
+  const auto codes = launch_nodes(s.world, 2, [&](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    auto fail = [&](const std::string& e) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, e.c_str());
+      return 1;
+    };
+    hier<Inter, bf16, float> buf(
+        boot, {s.experts, s.hidden, s.topk, s.tokens, 0, std::chrono::milliseconds(20'000)});
+    std::vector<test::rank_input<bf16>> all;
+    for (int r = 0; r < s.world; ++r) all.push_back(test::make_input<bf16>(s, r));
+    auto idx = all[rank].topk_idx;
+    if (rank == culprit) idx[5] = s.experts;
+    try {
+      buf.dispatch({s.tokens, s.hidden, s.topk, all[rank].x, {}, idx, all[rank].topk_weights});
+      return fail("bad expert id accepted");
+    } catch (const error& e) {
+      const std::string text = e.what();
+      if (text.find("topk_idx[1][1] = 16 is outside [-1, 16)") == std::string::npos ||
+          (rank != culprit && e.peer() != culprit))
+        return fail("unexpected error: " + text);
+    }
+    const auto after = buf.traffic();
+    for (const auto* v : {&after.inter.payload_bytes, &after.intra.payload_bytes})
+      for (auto b : *v)
+        if (b != 0) return fail("payload moved before the call was rejected");
 
-        const auto& mine = all[rank];
-        const auto res = buf.dispatch(
-            {s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
-        if (auto e = test::check_dispatch(s, rank, all, res); !e.empty())
-          return fail("after the rejected call: " + e);
-        const auto y = test::expert_rows(res, s.hidden, rank);
-        std::vector<bf16> short_y(y.begin(), y.end());
-        if (rank == 0) short_y.resize(short_y.size() + s.hidden / 2);  // not whole rows
-        try {
-          buf.combine({short_y, res.recv_topk_weights, {}, {}}, res.handle);
-          return fail("a y of partial rows was accepted");
-        } catch (const error& e) {
-          if (std::string(e.what()).find("y holds") == std::string::npos ||
-              (rank != 0 && e.peer() != 0))
-            return fail(std::string("unexpected combine error: ") + e.what());
-        }
-        try {
-          if (rank == 1) {
-            std::vector<float> y32(y.size());
-            std::transform(y.begin(), y.end(), y32.begin(), [](bf16 v) { return to_float(v); });
-            buf.combine(combine_input<float>{y32, res.recv_topk_weights, {}, {}}, res.handle);
-          } else {
-            buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
-          }
-          return fail("y of two element types was accepted");
-        } catch (const error& e) {
-          if (std::string(e.what()).find(
-                  "y's element type fp32 on that rank disagrees with bf16 on rank 0") ==
-                  std::string::npos ||
-              (rank != 1 && e.peer() != 1))
-            return fail(std::string("unexpected combine error: ") + e.what());
-        }
-        const auto out = buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
-        if (auto e = test::check_combine(s, mine, out); !e.empty())
-          return fail("combine after the rejected one: " + e);
-        return 0;
-      },
-      opt);
+    const auto& mine = all[rank];
+    const auto res =
+        buf.dispatch({s.tokens, s.hidden, s.topk, mine.x, {}, mine.topk_idx, mine.topk_weights});
+    if (auto e = test::check_dispatch(s, rank, all, res); !e.empty())
+      return fail("after the rejected call: " + e);
+    const auto y = test::expert_rows(res, s.hidden, rank);
+    std::vector<bf16> short_y(y.begin(), y.end());
+    if (rank == 0) short_y.resize(short_y.size() + s.hidden / 2);  // not whole rows
+    try {
+      buf.combine({short_y, res.recv_topk_weights, {}, {}}, res.handle);
+      return fail("a y of partial rows was accepted");
+    } catch (const error& e) {
+      if (std::string(e.what()).find("y holds") == std::string::npos ||
+          (rank != 0 && e.peer() != 0))
+        return fail(std::string("unexpected combine error: ") + e.what());
+    }
+    try {
+      if (rank == 1) {
+        std::vector<float> y32(y.size());
+        std::transform(y.begin(), y.end(), y32.begin(), [](bf16 v) { return to_float(v); });
+        buf.combine(combine_input<float>{y32, res.recv_topk_weights, {}, {}}, res.handle);
+      } else {
+        buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
+      }
+      return fail("y of two element types was accepted");
+    } catch (const error& e) {
+      if (std::string(e.what()).find(
+              "y's element type fp32 on that rank disagrees with bf16 on rank 0") ==
+              std::string::npos ||
+          (rank != 1 && e.peer() != 1))
+        return fail(std::string("unexpected combine error: ") + e.what());
+    }
+    const auto out = buf.combine({y, res.recv_topk_weights, {}, {}}, res.handle);
+    if (auto e = test::check_combine(s, mine, out); !e.empty())
+      return fail("combine after the rejected one: " + e);
+    return 0;
+  });
   return test::all_ok(codes, "bad input over 2 nodes of 2");
 }
 
@@ -366,24 +367,19 @@ bool bad_input_stops_everyone() {
 // being ignored.
 template <class Inter>
 bool masking_is_refused() {
-  local_launch_options opt;
-  opt.ranks_per_node = 2;
-  const auto codes = launch_local(
-      4,
-      [](local_bootstrap& boot) {
-        buffer_config cfg{8, 128, 2, 8, 0, std::chrono::milliseconds(20'000)};
-        cfg.mask_lost_ranks = true;
-        try {
-          hier<Inter, bf16> buf(boot, cfg);
-          return test::fail_rank(boot.rank(), "mask_lost_ranks was accepted");
-        } catch (const error& e) {
-          return std::string(e.what()).find("invalid config: mask_lost_ranks needs") !=
-                         std::string::npos
-                     ? 0
-                     : test::fail_rank(boot.rank(), e.what());
-        }
-      },
-      opt);
+  const auto codes = launch_nodes(4, 2, [](local_bootstrap& boot) {
+    buffer_config cfg{8, 128, 2, 8, 0, std::chrono::milliseconds(20'000)};
+    cfg.mask_lost_ranks = true;
+    try {
+      hier<Inter, bf16> buf(boot, cfg);
+      return test::fail_rank(boot.rank(), "mask_lost_ranks was accepted");
+    } catch (const error& e) {
+      return std::string(e.what()).find("invalid config: mask_lost_ranks needs") !=
+                     std::string::npos
+                 ? 0
+                 : test::fail_rank(boot.rank(), e.what());
+    }
+  });
   return test::all_ok(codes, "mask_lost_ranks over 2 nodes of 2");
 }
 
@@ -403,36 +399,31 @@ bool lost_rank_fails_survivors_fast() {
   // Exit codes of survivors: failed fast naming the victim, or naming a peer.
   constexpr int named_victim = 0, named_peer = 3;
   setenv("EPCOMM_FAULT", "rank=1,point=mid_dispatch,action=exit,hit=2", 1);
-  local_launch_options opt;
-  opt.ranks_per_node = 2;
-  const auto codes = launch_local(
-      s.world,
-      [&](local_bootstrap& boot) {
-        const int rank = boot.rank();
-        hier<Inter, bf16> buf(boot, {s.experts, s.hidden, s.topk, s.tokens, 0, timeout});
-        const auto in = test::make_input<bf16>(s, rank);
-        const dispatch_input<bf16> call{s.tokens, s.hidden,    s.topk,         in.x,
-                                        {},       in.topk_idx, in.topk_weights};
-        const auto first = buf.dispatch(call);
-        const auto y = test::expert_rows(first, s.hidden, rank);
-        buf.combine({y, first.recv_topk_weights, {}, {}}, first.handle);
-        const auto start = steady::now();
-        try {
-          buf.dispatch(call);
-        } catch (const error& e) {
-          const auto took =
-              std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - start);
-          if (took > fast || e.peer() == no_peer || e.peer() == rank) {
-            std::fprintf(stderr, "rank %d: error after %lld ms: %s\n", rank,
-                         static_cast<long long>(took.count()), e.what());
-            return 2;
-          }
-          return e.peer() == victim ? named_victim : named_peer;
-        }
-        std::fprintf(stderr, "rank %d: dispatch survived a lost rank\n", rank);
-        return 1;
-      },
-      opt);
+  const auto codes = launch_nodes(s.world, 2, [&](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    hier<Inter, bf16> buf(boot, {s.experts, s.hidden, s.topk, s.tokens, 0, timeout});
+    const auto in = test::make_input<bf16>(s, rank);
+    const dispatch_input<bf16> call{s.tokens, s.hidden,    s.topk,         in.x,
+                                    {},       in.topk_idx, in.topk_weights};
+    const auto first = buf.dispatch(call);
+    const auto y = test::expert_rows(first, s.hidden, rank);
+    buf.combine({y, first.recv_topk_weights, {}, {}}, first.handle);
+    const auto start = steady::now();
+    try {
+      buf.dispatch(call);
+    } catch (const error& e) {
+      const auto took =
+          std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - start);
+      if (took > fast || e.peer() == no_peer || e.peer() == rank) {
+        std::fprintf(stderr, "rank %d: error after %lld ms: %s\n", rank,
+                     static_cast<long long>(took.count()), e.what());
+        return 2;
+      }
+      return e.peer() == victim ? named_victim : named_peer;
+    }
+    std::fprintf(stderr, "rank %d: dispatch survived a lost rank\n", rank);
+    return 1;
+  });
   unsetenv("EPCOMM_FAULT");
   bool ok = codes[victim] == fault::exit_code;
   bool someone_named_it = false;
@@ -454,69 +445,61 @@ template <class Inter>
 bool cached_dispatch_across_nodes(int nodes) {
   constexpr int per_node = 2;
   const int world = nodes * per_node;
-  local_launch_options opt;
-  opt.ranks_per_node = per_node;
-  const auto codes = launch_local(
-      world,
-      [&](local_bootstrap& boot) {
-        const int rank = boot.rank();
-        hier<Inter, fp8_e4m3> buf(boot, test::case_config(world, 256));
-        struct traffic_probe {
-          hier<Inter, fp8_e4m3>& buf;
-          std::vector<hierarchical_traffic> seen;
-          void before_first() { seen.push_back(buf.traffic()); }
-          void after_first() { seen.push_back(buf.traffic()); }
-          void before_cached() { seen.push_back(buf.traffic()); }
-          void after_cached() { seen.push_back(buf.traffic()); }
-        } probe{buf, {}};
-        if (int rc = test::check_cached_dispatch(buf, rank, world, probe)) return rc;
-        const auto first =
-            minus(probe.seen[1].inter.payload_bytes, probe.seen[0].inter.payload_bytes);
-        const auto cached =
-            minus(probe.seen[3].inter.payload_bytes, probe.seen[2].inter.payload_bytes);
-        // fp8 rows of hidden 256 with 2 scales and a source index; top-4 ids
-        // and weights in the dispatch, one mask word in the cached one.
-        const std::uint64_t with_topk = 256 + 2 * 4 + 4 * (8 + 4) + 4,
-                            with_mask = 256 + 2 * 4 + 8 + 4;
-        for (int m = 0; m < nodes; ++m)
-          if (first[m] % with_topk != 0 || cached[m] != first[m] / with_topk * with_mask)
-            return test::fail_rank(rank, "cached dispatch moved " + std::to_string(cached[m]) +
-                                             " bytes to node " + std::to_string(m) +
-                                             ", its handle's dispatch " + std::to_string(first[m]));
-        // The last rank passes another dispatch's handle: every rank fails
-        // naming it before any payload moves, and the buffer goes on.
-        const test::shape s{world, 30, 256, 4, 4 * world, routing::random, 21u};
-        const test::shape t{world, 30, 256, 4, 4 * world, routing::uneven, 22u};
-        const auto a = test::make_input<fp8_e4m3>(s, rank);
-        const auto b = test::make_input<fp8_e4m3>(t, rank);
-        const dispatch_handle ha =
-            buf.dispatch(dispatch_input<fp8_e4m3>{s.tokens, s.hidden, s.topk, a.x, a.scales,
-                                                  a.topk_idx, a.topk_weights})
-                .handle;
-        const dispatch_handle hb =
-            buf.dispatch(dispatch_input<fp8_e4m3>{t.tokens, t.hidden, t.topk, b.x, b.scales,
-                                                  b.topk_idx, b.topk_weights})
-                .handle;
-        const int culprit = world - 1;
-        const auto before = buf.traffic();
-        try {
-          buf.dispatch(cached_dispatch_input<fp8_e4m3>{a.x, a.scales}, rank == culprit ? hb : ha);
-          return test::fail_rank(rank, "a cached dispatch along two routings was accepted");
-        } catch (const error& e) {
-          if (std::string(e.what()).find("the cached handle's routing") == std::string::npos ||
-              (rank != culprit && e.peer() != culprit))
-            return test::fail_rank(rank, e.what());
-        }
-        const auto after = buf.traffic();
-        if (after.inter.payload_bytes != before.inter.payload_bytes ||
-            after.intra.payload_bytes != before.intra.payload_bytes)
-          return test::fail_rank(rank, "payload moved before the cached dispatch was rejected");
-        const auto res = buf.dispatch(cached_dispatch_input<fp8_e4m3>{a.x, a.scales}, ha);
-        return res.num_recv_tokens == ha.num_recv_tokens
-                   ? 0
-                   : test::fail_rank(rank, "the cached dispatch after the rejected one");
-      },
-      opt);
+  const auto codes = launch_nodes(world, per_node, [&](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    hier<Inter, fp8_e4m3> buf(boot, test::case_config(world, 256));
+    struct traffic_probe {
+      hier<Inter, fp8_e4m3>& buf;
+      std::vector<hierarchical_traffic> seen;
+      void before_first() { seen.push_back(buf.traffic()); }
+      void after_first() { seen.push_back(buf.traffic()); }
+      void before_cached() { seen.push_back(buf.traffic()); }
+      void after_cached() { seen.push_back(buf.traffic()); }
+    } probe{buf, {}};
+    if (int rc = test::check_cached_dispatch(buf, rank, world, probe)) return rc;
+    const auto first = minus(probe.seen[1].inter.payload_bytes, probe.seen[0].inter.payload_bytes);
+    const auto cached = minus(probe.seen[3].inter.payload_bytes, probe.seen[2].inter.payload_bytes);
+    // fp8 rows of hidden 256 with 2 scales and a source index; top-4 ids
+    // and weights in the dispatch, one mask word in the cached one.
+    const std::uint64_t with_topk = 256 + 2 * 4 + 4 * (8 + 4) + 4, with_mask = 256 + 2 * 4 + 8 + 4;
+    for (int m = 0; m < nodes; ++m)
+      if (first[m] % with_topk != 0 || cached[m] != first[m] / with_topk * with_mask)
+        return test::fail_rank(rank, "cached dispatch moved " + std::to_string(cached[m]) +
+                                         " bytes to node " + std::to_string(m) +
+                                         ", its handle's dispatch " + std::to_string(first[m]));
+    // The last rank passes another dispatch's handle: every rank fails
+    // naming it before any payload moves, and the buffer goes on.
+    const test::shape s{world, 30, 256, 4, 4 * world, routing::random, 21u};
+    const test::shape t{world, 30, 256, 4, 4 * world, routing::uneven, 22u};
+    const auto a = test::make_input<fp8_e4m3>(s, rank);
+    const auto b = test::make_input<fp8_e4m3>(t, rank);
+    const dispatch_handle ha =
+        buf.dispatch(dispatch_input<fp8_e4m3>{s.tokens, s.hidden, s.topk, a.x, a.scales, a.topk_idx,
+                                              a.topk_weights})
+            .handle;
+    const dispatch_handle hb =
+        buf.dispatch(dispatch_input<fp8_e4m3>{t.tokens, t.hidden, t.topk, b.x, b.scales, b.topk_idx,
+                                              b.topk_weights})
+            .handle;
+    const int culprit = world - 1;
+    const auto before = buf.traffic();
+    try {
+      buf.dispatch(cached_dispatch_input<fp8_e4m3>{a.x, a.scales}, rank == culprit ? hb : ha);
+      return test::fail_rank(rank, "a cached dispatch along two routings was accepted");
+    } catch (const error& e) {
+      if (std::string(e.what()).find("the cached handle's routing") == std::string::npos ||
+          (rank != culprit && e.peer() != culprit))
+        return test::fail_rank(rank, e.what());
+    }
+    const auto after = buf.traffic();
+    if (after.inter.payload_bytes != before.inter.payload_bytes ||
+        after.intra.payload_bytes != before.intra.payload_bytes)
+      return test::fail_rank(rank, "payload moved before the cached dispatch was rejected");
+    const auto res = buf.dispatch(cached_dispatch_input<fp8_e4m3>{a.x, a.scales}, ha);
+    return res.num_recv_tokens == ha.num_recv_tokens
+               ? 0
+               : test::fail_rank(rank, "the cached dispatch after the rejected one");
+  });
   return test::all_ok(codes, "cached dispatch over " + std::to_string(nodes) + " nodes of 2");
 }
 
@@ -549,15 +532,10 @@ bool cached_dispatch_across_nodes(int nodes) {
     CHECK(lost_rank_fails_survivors_fast<Inter>());                                               \
   }                                                                                               \
   TEST_CASE(prefix " asynchronous calls over 2 nodes of 2") {                                     \
-    local_launch_options opt;                                                                     \
-    opt.ranks_per_node = 2;                                                                       \
-    const auto codes = launch_local(                                                              \
-        4,                                                                                        \
-        [](local_bootstrap& boot) {                                                               \
-          hier<Inter, bf16> buf(boot, test::case_config(4, 128));                                 \
-          return test::check_async_calls(buf, boot.rank(), 4);                                    \
-        },                                                                                        \
-        opt);                                                                                     \
+    const auto codes = launch_nodes(4, 2, [](local_bootstrap& boot) {                             \
+      hier<Inter, bf16> buf(boot, test::case_config(4, 128));                                     \
+      return test::check_async_calls(buf, boot.rank(), 4);                                        \
+    });                                                                                           \
     CHECK(test::all_ok(codes, "asynchronous calls over 2 nodes of 2"));                           \
   }                                                                                               \
   TEST_CASE(prefix " a dispatch from a cached handle over 2 and 3 nodes of 2") {                  \

@@ -298,13 +298,22 @@ def test_loop(local_rank: int, num_local_ranks: int, port: int):
     dist.destroy_process_group()
 
 
-if __name__ == '__main__':
-    parser = argparse.ArgumentParser(description='Test intranode dispatch and combine')
+def rank_parser(description: str) -> argparse.ArgumentParser:
+    """The script's arguments: --num-processes, and what the caller adds."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument('--num-processes', type=int, default=2 if device.type == 'cpu' else 8,
                         help='number of ranks to spawn (default: 2 on CPU, 8 on GPU)')
-    args = parser.parse_args()
-    # The ranks meet on loopback only.
+    return parser
+
+
+def spawn_ranks(loop, num_processes: int, *args):
+    """Runs loop(local_rank, num_processes, *args, port) on that many local
+    processes, which meet on loopback only."""
     os.environ.setdefault('GLOO_SOCKET_IFNAME', 'lo')
     port = int(os.environ.get('MASTER_PORT', 0)) or free_port()
-    num_processes = args.num_processes
-    torch.multiprocessing.spawn(test_loop, args=(num_processes, port), nprocs=num_processes)
+    torch.multiprocessing.spawn(loop, args=(num_processes, *args, port), nprocs=num_processes)
+
+
+if __name__ == '__main__':
+    args = rank_parser('Test intranode dispatch and combine').parse_args()
+    spawn_ranks(test_loop, args.num_processes)

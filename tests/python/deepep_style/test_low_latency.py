@@ -6,7 +6,6 @@ against what this script computes itself in plain torch.
 """
 
 import argparse
-import os
 import random
 import time
 
@@ -15,8 +14,8 @@ import torch.distributed as dist
 
 import epcomm as deep_ep
 from epcomm.fp8 import E4M3_MAX
-from test_intranode import (calc_diff, free_port, gather, identify_rows, init_dist,
-                            per_token_cast_back)
+from test_intranode import (calc_diff, gather, identify_rows, init_dist, per_token_cast_back,
+                            rank_parser, spawn_ranks)
 
 device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 
@@ -215,9 +214,7 @@ def test_loop(local_rank: int, num_local_ranks: int, args: argparse.Namespace, p
 
 
 if __name__ == '__main__':
-    parser = argparse.ArgumentParser(description='Test low-latency EP kernels')
-    parser.add_argument('--num-processes', type=int, default=2 if device.type == 'cpu' else 8,
-                        help='number of ranks to spawn (default: 2 on CPU, 8 on GPU)')
+    parser = rank_parser('Test low-latency EP kernels')
     parser.add_argument('--num-tokens', type=int, default=64, help='tokens per rank (default: 64)')
     parser.add_argument('--hidden', type=int, default=512,
                         help='hidden size, a multiple of 128 (default: 512)')
@@ -226,8 +223,4 @@ if __name__ == '__main__':
                         help='experts in all, a multiple of the rank count (default: 4 per rank)')
     args = parser.parse_args()
     args.num_experts = args.num_experts or 4 * args.num_processes
-    # The ranks meet on loopback only.
-    os.environ.setdefault('GLOO_SOCKET_IFNAME', 'lo')
-    port = int(os.environ.get('MASTER_PORT', 0)) or free_port()
-    num_processes = args.num_processes
-    torch.multiprocessing.spawn(test_loop, args=(num_processes, args, port), nprocs=num_processes)
+    spawn_ranks(test_loop, args.num_processes, args)
