@@ -111,9 +111,10 @@ class _NormalHandle:
 
 @dataclass(eq=False)
 class _LowLatencyHandle:
-    """One low-latency dispatch. DeepEP's handle fields come first:
-    src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden,
-    num_experts; they and `cpp` are set once the dispatch has been received."""
+    """One low-latency dispatch, with DeepEP's handle fields (src_info,
+    layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts);
+    src_info, layout_range and `cpp` are set once the dispatch has been
+    received."""
 
     engine: object
     num_max_dispatch_tokens_per_rank: int
