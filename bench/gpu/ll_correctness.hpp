@@ -167,15 +167,14 @@ std::string compare_dispatch_wire(Engines& e, int p) {
       regions(e, p, plan.dispatch_counts, nwords * sizeof(wire::ll::count_word));
   if (std::memcmp(dev_words.data(), host_words, dev_words.size()) != 0)
     return "dispatch count words differ (wire format)";
-  const std::size_t rb = wire::ll::record_bytes(s);
   const std::size_t meaningful = wire::ll::scales_offset(s) + sizeof(float) * s.scales_per_token();
   const auto [dev_records, host_records] =
-      regions(e, p, plan.dispatch_recv, nwords * s.max_tokens_per_rank * rb);
+      regions(e, p, plan.dispatch_recv, nwords * plan.record_region_bytes);
   const auto* words = reinterpret_cast<const wire::ll::count_word*>(host_words);
   for (int le = 0; le < s.local_experts(); ++le)
     for (int src = 0; src < s.world_size; ++src)
       for (int i = 0; i < words[le * s.world_size + src].count; ++i) {
-        const std::size_t at = wire::ll::record_index(s, le, src, i) * rb;
+        const std::size_t at = wire::ll::record_offset(s, plan, le, src, i);
         if (std::memcmp(dev_records.data() + at, host_records + at, meaningful) != 0)
           return "record " + std::to_string(i) + " of region (expert " + std::to_string(le) +
                  ", source " + std::to_string(src) + ") differs (wire format)";

@@ -70,7 +70,7 @@ std::string records_in_place(const world_model& m, int peer, std::size_t slot) {
       const std::byte* staged = m.buf[m.self].data() + base + m.pl.send_records +
                                 static_cast<std::size_t>(e) * m.s.max_tokens_per_rank * rb;
       const std::byte* landed = m.buf[peer].data() + base + m.pl.dispatch_recv +
-                                ll::record_index(m.s, le, m.self, 0) * rb;
+                                ll::record_offset(m.s, m.pl, le, m.self, 0);
       if (std::memcmp(staged, landed, static_cast<std::size_t>(w.count) * rb) != 0)
         return "signal of expert " + std::to_string(e) + " before its records landed";
     }
@@ -112,7 +112,7 @@ TEST_CASE("low-latency route: a dispatch's puts land as the peer-mapped stores w
                     &w, sizeof w);
         if (dst == self) continue;  // the kernel stores records for itself directly
         std::memcpy(expected[dst].data() + base + m.pl.dispatch_recv +
-                        ll::record_index(s, le, self, 0) * rb,
+                        ll::record_offset(s, m.pl, le, self, 0),
                     m.at(self, parity, m.pl.send_records) +
                         static_cast<std::size_t>(e) * s.max_tokens_per_rank * rb,
                     static_cast<std::size_t>(counts[e]) * rb);

@@ -46,3 +46,29 @@ TEST_CASE("staging regions are appended to each parity, the rest unchanged") {
     CHECK(b.total == 2 * b.parity_bytes);
   }
 }
+
+// A buffer serving bf16 and fp8 lays each call's records out in the call's
+// wire, inside regions that are the buffer's: ranks that disagree on a call's
+// wire (every rank then rejects the call) still write disjoint bytes, each
+// region only its own source's, however many records it holds.
+TEST_CASE("records of either wire stay inside their own (expert, source) region") {
+  namespace ll = epcomm::wire::ll;
+  const ll::shape both{3, 6, 256, 4, 16, 2, true};
+  const ll::plan pl = ll::plan_buffer(both);
+  for (const ll::shape& cs :
+       {ll::call_shape<epcomm::bf16>(both), ll::call_shape<epcomm::fp8_e4m3>(both)}) {
+    CAPTURE(cs.wire_bytes);
+    for (int le = 0; le < both.local_experts(); ++le)
+      for (int src = 0; src < both.world_size; ++src) {
+        const std::size_t region =
+            (static_cast<std::size_t>(le) * both.world_size + src) * pl.record_region_bytes;
+        const std::size_t first = ll::record_offset(cs, pl, le, src, 0);
+        const std::size_t end =
+            ll::record_offset(cs, pl, le, src, both.max_tokens_per_rank - 1) + ll::record_bytes(cs);
+        CHECK(first == region);
+        CHECK(end <= region + pl.record_region_bytes);
+      }
+  }
+  CHECK(pl.record_region_bytes ==
+        static_cast<std::size_t>(both.max_tokens_per_rank) * ll::record_bytes(both));
+}

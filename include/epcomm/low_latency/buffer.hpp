@@ -527,7 +527,7 @@ class low_latency_buffer {
     const std::size_t first =
         static_cast<std::size_t>(le) * shape_.rows_per_expert() + static_cast<std::size_t>(begin);
     const std::byte* rec = local<const std::byte>(p, plan_.dispatch_recv) +
-                           wire::ll::record_index(shape_, le, s, 0) * rb;
+                           wire::ll::record_offset(cs, plan_, le, s, 0);
     W* x = local<W>(p, plan_.recv_x) + first * h;
     wire::ll::source* src = local<wire::ll::source>(p, plan_.recv_src) + first;
     for (int i = 0; i < n; ++i, rec += rb) {

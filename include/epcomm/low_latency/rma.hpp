@@ -39,8 +39,7 @@ EPCOMM_HD constexpr rma_write records_write(const shape& s, const plan& pl, int 
                                             int e, int count) {
   const int per_rank = s.local_experts();
   return {e / per_rank, staged_record(s, pl, parity, e, 0),
-          parity_base(pl, parity) + pl.dispatch_recv +
-              record_index(s, e % per_rank, rank, 0) * record_bytes(s),
+          parity_base(pl, parity) + pl.dispatch_recv + record_offset(s, pl, e % per_rank, rank, 0),
           static_cast<std::size_t>(count) * record_bytes(s), 0};
 }
 

@@ -196,7 +196,7 @@ struct plan {
   std::size_t dispatch_counts;  // [E_local][R] count_word, by (local expert, source)
   std::size_t combine_counts;   // [R] count_word, by expert rank
   std::size_t rejects;          // [2][R] reject_record, by (reject_kind, sender)
-  std::size_t dispatch_recv;    // [E_local][R][max_tokens] records
+  std::size_t dispatch_recv;    // [E_local][R] regions of max_tokens records (record_offset)
   std::size_t combine_recv;     // [max_tokens][max_topk][H] bf16, by (token, topk slot)
   // Local: never touched by peers.
   std::size_t combine_send;     // [E_local][R * max_tokens][H] bf16, aligned with recv_x
@@ -214,6 +214,9 @@ struct plan {
   std::size_t send_dispatch_counts;  // [E] count_word, by destination expert
   std::size_t send_combine_counts;   // [R] count_word, by source rank
   std::size_t send_rejects;          // [2] reject_record, by reject_kind
+  // One (local expert, source) region of dispatch_recv: max_tokens records
+  // of the buffer's widest wire, whatever wire a call uses (record_offset).
+  std::size_t record_region_bytes;
   std::size_t parity_bytes;
   std::size_t total;
 };
@@ -230,7 +233,8 @@ EPCOMM_HD constexpr plan plan_buffer(const shape& s, bool staging = false) {
   p.dispatch_counts = regions.take(el * r * sizeof(count_word));
   p.combine_counts = regions.take(r * sizeof(count_word));
   p.rejects = regions.take(2 * r * sizeof(reject_record));
-  p.dispatch_recv = regions.take(el * r * t * record_bytes(s));
+  p.record_region_bytes = t * record_bytes(s);
+  p.dispatch_recv = regions.take(el * r * p.record_region_bytes);
   p.combine_recv = regions.take(t * k * h * 2);
   p.combine_send = regions.take(rows * h * 2);
   p.recv_x = regions.take(rows * h * s.wire_bytes);
@@ -257,10 +261,14 @@ EPCOMM_HD constexpr std::size_t parity_base(const plan& p, int parity) {
   return static_cast<std::size_t>(parity) * p.parity_bytes;
 }
 
-// Index of the record slot `slot` of region (local expert, source).
-EPCOMM_HD constexpr std::size_t record_index(const shape& s, int local_expert, int src, int slot) {
-  return (static_cast<std::size_t>(local_expert) * s.world_size + src) * s.max_tokens_per_rank +
-         slot;
+// Where record `slot` of region (local expert, source) starts in
+// dispatch_recv, for a call on the wire of `cs` (call_shape). Regions are the
+// buffer's, so that ranks that disagree on a call's wire (a call every rank
+// then rejects) still write disjoint bytes; slots are the call's.
+EPCOMM_HD constexpr std::size_t record_offset(const shape& cs, const plan& pl, int local_expert,
+                                              int src, int slot) {
+  return (static_cast<std::size_t>(local_expert) * cs.world_size + src) * pl.record_region_bytes +
+         static_cast<std::size_t>(slot) * record_bytes(cs);
 }
 
 // Row of the combine receive region that (token, topk slot) owns.

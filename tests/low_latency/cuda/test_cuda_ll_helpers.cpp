@@ -400,9 +400,8 @@ TEST_CASE("verdicts and slot order on the host engine's wire bytes match the eng
             wire::ll::record_header h;
             std::memcpy(
                 &h,
-                records + wire::ll::record_index(s, static_cast<int>(e % el), src,
-                                                 slots[static_cast<std::size_t>(t) * 4 + j]) *
-                              wire::ll::record_bytes(s),
+                records + wire::ll::record_offset(s, plan, static_cast<int>(e % el), src,
+                                                  slots[static_cast<std::size_t>(t) * 4 + j]),
                 sizeof h);
             if (h.src.rank != src || h.src.token != t || h.src.topk_slot != j) return 4;
           }

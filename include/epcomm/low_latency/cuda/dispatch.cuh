@@ -104,7 +104,6 @@ __device__ inline void aim_token(const ll_args& a, int t, int* next, std::byte**
   const int k = a.topk;
   const int rank = a.peers.rank;
   const int per_rank = s.local_experts();
-  const std::size_t rb = wire::ll::record_bytes(s);
   auto* sent = reinterpret_cast<std::int64_t*>(ll_region(a, rank, a.plan.sent_topk_idx));
   for (int j0 = 0; j0 < k; j0 += warp_size) {
     const int j = j0 + lane;
@@ -129,7 +128,7 @@ __device__ inline void aim_token(const ll_args& a, int t, int* next, std::byte**
                 ? ll_own_buffer(a) +
                       wire::ll::staged_record(s, a.plan, a.parity, static_cast<int>(e), slot)
                 : ll_region(a, dst, a.plan.dispatch_recv) +
-                      wire::ll::record_index(s, le, rank, slot) * rb;
+                      wire::ll::record_offset(s, a.plan, le, rank, slot);
       *reinterpret_cast<int4*>(rec) = make_int4(rank, t, j, 0);  // record_header{{rank, t, j}, 0}
     }
     dest[j] = rec;
@@ -270,9 +269,8 @@ __device__ void unpack_record(const ll_args& a, int le, int src, int i, int row)
   const int rank = a.peers.rank;
   const int lane = threadIdx.x % warp_size;
   const int hidden = ll_hidden(a, Hidden);
-  const std::size_t rb = wire::ll::record_bytes(s);
   const std::byte* rec =
-      ll_region(a, rank, a.plan.dispatch_recv) + wire::ll::record_index(s, le, src, i) * rb;
+      ll_region(a, rank, a.plan.dispatch_recv) + wire::ll::record_offset(s, a.plan, le, src, i);
   const int4 h = *reinterpret_cast<const int4*>(rec);
   const wire::ll::source from{h.x, h.y, h.z};
   // Combine writes into the source's buffer at (token, top-k slot): a header
