@@ -21,6 +21,7 @@
 #include "epcomm/core/failure_latch.hpp"
 #include "epcomm/core/spin_wait.hpp"
 #include "epcomm/transport/concepts.hpp"
+#include "epcomm/transport/peer_abort.hpp"
 #include "epcomm/transport/process_identity.hpp"
 #include "epcomm/transport/rma/completion_window.hpp"
 #include "epcomm/transport/rma/lost_peers.hpp"
@@ -106,6 +107,47 @@ class rma_transport_base {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     return true;
+  }
+
+  // The barrier both transports run, on their own slots after the user's
+  // (rank p's arrival at user_slots_ + p): under mu_ (taken by dl), this
+  // rank counts its own arrival (self.add_local) and has every other rank
+  // signalled after its earlier writes there (self.post_barrier_arrival);
+  // then it waits for every rank's (self.wait). These signals are not
+  // numbered operations.
+  template <class Self>
+  void run_barrier(Self& self, const deadline& dl) {
+    std::uint64_t epoch;
+    {
+      std::unique_lock lock(mu_, std::defer_lock);
+      if (!lock_by(lock, dl))
+        fail("barrier", no_peer, "deadline expired while the fabric provider was held up");
+      check_usable("barrier");
+      epoch = ++barrier_epoch_;
+      for (int p = 0; p < world_; ++p) {
+        if (p == rank_)
+          self.add_local(user_slots_ + rank_, 1);
+        else
+          self.post_barrier_arrival(p, user_slots_ + rank_);
+      }
+    }
+    for (int p = 0; p < world_; ++p)
+      self.wait(user_slots_ + p, epoch, dl, {"barrier", p, "barrier arrival"});
+  }
+
+  // abort()'s fan-out, the same over both transports: the first call
+  // records the word naming `culprit` (transport/peer_abort.hpp); then,
+  // under `mu`, post(p, word) for every peer not known gone, and one
+  // progress() for the providers that send only when progressed. The writes
+  // are posted, not awaited; a failure of either is latched, not thrown.
+  template <class Post, class Progress>
+  void post_abort_to_peers(int culprit, std::mutex& mu, Post&& post, Progress&& progress) {
+    const std::uint64_t word = encode_abort(valid_culprit(culprit));
+    if (!claim_abort(word)) return;
+    std::lock_guard lock(mu);
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && !peer_exited(p)) suppress_latched([&] { post(p, word); });
+    suppress_latched(progress);
   }
 
   // Progresses, swallowing latched errors, until done() or dl.
@@ -248,6 +290,7 @@ class rma_transport_base {
  private:
   std::atomic<std::uint64_t> abort_word_{0};
   steady::time_point next_exit_scan_{};  // find_exited_peers() looks again from then on
+  std::uint64_t barrier_epoch_ = 0;      // barriers run so far (run_barrier), mu_ held
 };
 
 }  // namespace epcomm::proxy

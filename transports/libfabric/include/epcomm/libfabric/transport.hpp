@@ -134,6 +134,8 @@ constexpr std::uint64_t signal_increment_of(std::uint64_t data) {
 }
 
 class transport : public proxy::rma_transport_base {
+  friend class proxy::rma_transport_base;  // run_barrier's hooks
+
  public:
   using options_type = options;  // for generic code that places the buffer (cuda/)
 
@@ -320,25 +322,7 @@ class transport : public proxy::rma_transport_base {
 
   // Every rank signals every other on the transport's own slots, after its
   // earlier writes to that rank; these signals are not numbered operations.
-  void barrier(deadline dl) {
-    std::uint64_t epoch;
-    {
-      std::unique_lock lock(mu_, std::defer_lock);
-      if (!lock_by(lock, dl))
-        fail("barrier", no_peer, "deadline expired while the fabric provider was held up");
-      check_usable("barrier");
-      epoch = ++barrier_epoch_;
-      for (int p = 0; p < world_; ++p) {
-        if (p == rank_)
-          add_local(user_slots_ + rank_, 1);
-        else
-          defer(p, {deferred::kind::signal, user_slots_ + rank_, 1, no_ticket,
-                    peers_[p].writes.opened()});
-      }
-    }
-    for (int p = 0; p < world_; ++p)
-      wait(user_slots_ + p, epoch, dl, {"barrier", p, "barrier arrival"});
-  }
+  void barrier(deadline dl) { run_barrier(*this, dl); }
 
   // Gives up on the group: this rank's waiters (any thread; the proxy's
   // progress() too) throw within about a millisecond, every later call
@@ -348,14 +332,10 @@ class transport : public proxy::rma_transport_base {
   // own decision). The writes are posted, not awaited. Safe from any thread
   // and after a failure; only the first call counts.
   void abort(int culprit = no_peer) {
-    const std::uint64_t word = encode_abort(valid_culprit(culprit));
-    if (!claim_abort(word)) return;
-    std::lock_guard lock(lane_mu_);
-    std::atomic_ref<std::uint64_t>(abort_words()[rank_]).store(word, std::memory_order_release);
-    for (int p = 0; p < world_; ++p)
-      if (p != rank_ && !peer_exited(p)) suppress_latched([&] { post_abort(p); });
     // Hands the writes to providers that send only when progressed.
-    suppress_latched([&] { progress_lane(); });
+    post_abort_to_peers(
+        culprit, lane_mu_, [&](int p, std::uint64_t word) { post_abort(p, word); },
+        [&] { progress_lane(); });
   }
 
   // See has_lost_peer_masking: a lost peer's queued and later writes count
@@ -498,6 +478,11 @@ class transport : public proxy::rma_transport_base {
   }
   void add_local(std::size_t slot, std::uint64_t n) {
     std::atomic_ref<std::uint64_t>(counters_[slot]).fetch_add(n, std::memory_order_release);
+  }
+  // The barrier's signal to `peer`, held back until this rank's earlier
+  // writes there have completed. mu_ held.
+  void post_barrier_arrival(int peer, std::size_t slot) {
+    defer(peer, {deferred::kind::signal, slot, 1, no_ticket, peers_[peer].writes.opened()});
   }
 
   // A proxy thread drives the provider: it called progress() or serve()
@@ -946,9 +931,11 @@ class transport : public proxy::rma_transport_base {
          encode_signal(slot, n));
   }
 
-  // This rank's abort word into its slot at `peer`, the CQ data saying it
-  // has landed. lane_mu_ held, as for everything on the lane.
-  void post_abort(int peer) {
+  // This rank's abort `word` into its slot at `peer`, the CQ data saying it
+  // has landed; the word's source is this rank's own slot. lane_mu_ held, as
+  // for everything on the lane.
+  void post_abort(int peer, std::uint64_t word) {
+    std::atomic_ref<std::uint64_t>(abort_words()[rank_]).store(word, std::memory_order_release);
     post_on_lane(peer, abort_words() + rank_,
                  scratch_bytes + static_cast<std::uint64_t>(rank_) * sizeof(std::uint64_t),
                  abort_slot(rank_));
@@ -1263,7 +1250,6 @@ class transport : public proxy::rma_transport_base {
   op_pool ops_;                                 // the data path's
   std::atomic<std::size_t> abort_notices_ = 0;  // peers' abort notices received
   std::atomic<steady::rep> driven_at_ = 0;      // when progress() or serve() was last called
-  std::uint64_t barrier_epoch_ = 0;
 };
 
 static_assert(rma_transport<transport>);

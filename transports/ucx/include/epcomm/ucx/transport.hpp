@@ -76,6 +76,8 @@ struct options {
 };
 
 class transport : public proxy::rma_transport_base {
+  friend class proxy::rma_transport_base;  // run_barrier's hooks
+
  public:
   using options_type = options;  // for generic code that places the buffer (cuda/)
 
@@ -267,22 +269,7 @@ class transport : public proxy::rma_transport_base {
 
   // Every rank signals every other on the transport's own slots; these
   // signals are not numbered operations.
-  void barrier(deadline dl) {
-    std::uint64_t epoch;
-    {
-      std::lock_guard lock(mu_);
-      check_usable("barrier");
-      epoch = ++barrier_epoch_;
-      for (int p = 0; p < world_; ++p) {
-        if (p == rank_)
-          add_local(user_slots_ + rank_, 1);
-        else
-          post_signal(p, user_slots_ + rank_, 1, no_ticket);
-      }
-    }
-    for (int p = 0; p < world_; ++p)
-      wait(user_slots_ + p, epoch, dl, {"barrier", p, "barrier arrival"});
-  }
+  void barrier(deadline dl) { run_barrier(*this, dl); }
 
   // Gives up on the group: this rank's waiters (any thread; the proxy's
   // progress() too) throw within about a millisecond, every later call
@@ -293,14 +280,13 @@ class transport : public proxy::rma_transport_base {
   // them and for the peers' goodbyes. Safe from any thread and after a
   // failure; only the first call counts.
   void abort(int culprit = no_peer) {
-    const std::uint64_t word = encode_abort(valid_culprit(culprit));
-    if (!claim_abort(word)) return;
-    std::lock_guard lock(mu_);
-    for (int p = 0; p < world_; ++p)
-      if (p != rank_ && !said_goodbye_[p] && peers_[p].ep != nullptr && !peer_exited(p))
-        suppress_latched([&] { post_goodbye(p, word); });
     // Sends what the transport sends only when progressed (tcp).
-    suppress_latched([&] { progress_locked(); });
+    post_abort_to_peers(
+        culprit, mu_,
+        [&](int p, std::uint64_t word) {
+          if (!said_goodbye_[p] && peers_[p].ep != nullptr) post_goodbye(p, word);
+        },
+        [&] { progress_locked(); });
   }
 
   // See has_lost_peer_masking. Needs every endpoint to report its peer's
@@ -417,6 +403,9 @@ class transport : public proxy::rma_transport_base {
   void add_local(std::size_t slot, std::uint64_t n) {
     std::atomic_ref<std::uint64_t>(*counter_word(slot)).fetch_add(n, std::memory_order_release);
   }
+  // The barrier's signal to `peer`, ordered after this rank's earlier
+  // writes there as every signal is. mu_ held.
+  void post_barrier_arrival(int peer, std::size_t slot) { post_signal(peer, slot, 1, no_ticket); }
 
   // The awaited peer exited on this host, or said a clean goodbye (closed
   // its transport: everything it sent before has landed): the wait fails at
@@ -1026,7 +1015,6 @@ class transport : public proxy::rma_transport_base {
   std::vector<op_record*> free_;
   std::size_t outstanding_ = 0;           // requests not yet completed
   steady::time_point next_abort_scan_{};  // progress() looks for peers' aborts from then on
-  std::uint64_t barrier_epoch_ = 0;
 };
 
 static_assert(rma_transport<transport>);
