@@ -166,21 +166,15 @@ class alltoall_baseline {
     const std::size_t t_count = dest_pos_.size() / world_;
     // The same reduction kernel as epcomm's, so that the two differ in how
     // the rows travel only.
-    std::vector<const out_type*> srcs;
-    srcs.reserve(static_cast<std::size_t>(world_));
-    for (std::size_t t = 0; t < t_count; ++t) {
-      float* w = out_weights.data() + t * k;
-      std::fill(w, w + k, 0.0f);
-      srcs.clear();
-      for (int r = 0; r < world_; ++r) {
-        const int pos = dest_pos_[t * world_ + r];
-        if (pos < 0) continue;
-        const std::size_t row = static_cast<std::size_t>(send_at_[r] + pos);
-        srcs.push_back(back_x_.data() + row * h);
-        for (std::size_t j = 0; j < k; ++j) w[j] += back_weights_[row * k + j];
-      }
-      reduce_token<out_type, out_type>(out_x.data() + t * h, h, srcs);
-    }
+    reduce_tokens<out_type>(static_cast<int>(t_count), h, k, {}, {}, out_x, out_weights,
+                            [&](int t, auto&& add) {
+                              for (int r = 0; r < world_; ++r) {
+                                const int pos = dest_pos_[static_cast<std::size_t>(t) * world_ + r];
+                                if (pos < 0) continue;
+                                const std::size_t row = static_cast<std::size_t>(send_at_[r] + pos);
+                                add(back_x_.data() + row * h, back_weights_.data() + row * k);
+                              }
+                            });
   }
 
   // The last dispatch's results, in epcomm's layout.

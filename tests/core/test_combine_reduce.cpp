@@ -152,3 +152,28 @@ TEST_CASE("bias_row is null without a bias and points at token t's row otherwise
   CHECK(bias_row<float>({}, 2, 4) == nullptr);
   CHECK(bias_row<float>(bias, 2, 4) == bias.data() + 8);
 }
+
+TEST_CASE("reduce_tokens sums each token's rows, biases and weights in the order it is given") {
+  // Token 0 gets rows 2 and 0, token 1 none, token 2 row 1; hidden 3, k 2.
+  const std::vector<std::vector<float>> rows = {{1, 2, 3}, {10, 20, 30}, {100, 200, 300}};
+  const std::vector<std::vector<float>> weights = {{0.5f, 0.25f}, {1, 2}, {4, 8}};
+  const std::vector<std::vector<int>> given = {{2, 0}, {}, {1}};
+  const std::vector<float> bias(3 * 3, 1000.0f);
+  std::vector<float> out(3 * 3, -1.0f), out_w(3 * 2, -1.0f);
+  std::vector<int> asked;
+  auto rows_of = [&](int t, auto&& add) {
+    asked.push_back(t);
+    for (int r : given[t]) add(rows[r].data(), weights[r].data());
+  };
+  reduce_tokens<float, float>(3, 3, 2, bias, {}, out, out_w, rows_of);
+  CHECK(asked == std::vector<int>{0, 1, 2});
+  CHECK(out == std::vector<float>{1101, 1202, 1303, 1000, 1000, 1000, 1010, 1020, 1030});
+  CHECK(out_w == std::vector<float>{4.5f, 8.25f, 0, 0, 1, 2});
+
+  // Without out_weights, the weights are not read (null here).
+  std::vector<float> plain_out(3 * 3);
+  reduce_tokens<float, float>(3, 3, 2, {}, {}, plain_out, {}, [&](int t, auto&& add) {
+    for (int r : given[t]) add(rows[r].data(), nullptr);
+  });
+  CHECK(plain_out == std::vector<float>{101, 202, 303, 0, 0, 0, 10, 20, 30});
+}

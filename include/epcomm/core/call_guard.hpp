@@ -2,17 +2,29 @@
 // lost peer, a protocol violation): peers are left mid-call, so the buffer
 // refuses every later call rather than mix epochs, and gives up on the group
 // so that peers waiting for this rank fail at once instead of at their
-// deadlines. Shared by the host engines (normal/buffer.hpp, hierarchical/buffer.hpp,
+// deadlines. A call every rank agreed to reject (bad input anywhere) is no
+// failure: it ends in step on every rank and leaves the buffer usable. Shared
+// by the host engines (normal/buffer.hpp, hierarchical/buffer.hpp,
 // low_latency/buffer.hpp).
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "epcomm/core/deadline.hpp"
 #include "epcomm/core/error.hpp"
 
 namespace epcomm {
+
+// What a call runs under: its epoch (the count of its kind's calls, this one
+// included), which every signal of the call reaches, and its deadline.
+struct call_start {
+  std::uint64_t epoch;
+  deadline dl;
+};
 
 // The record of a buffer's failure, and the one place its calls check it.
 class call_guard {
@@ -25,6 +37,29 @@ class call_guard {
     if (broken_)
       throw error(rank, op, no_peer, "buffer unusable after an earlier failure: " + *broken_);
     if (aborted) throw error(rank, op, no_peer, "buffer unusable: the group was aborted");
+  }
+
+  // A call of kind `op` begins: check(), then the next of `epochs` and a
+  // deadline `timeout` from now.
+  call_start start(int rank, const char* op, bool aborted, std::uint64_t& epochs,
+                   std::chrono::milliseconds timeout) const {
+    check(rank, op, aborted);
+    return {++epochs, deadline::after(timeout)};
+  }
+
+  // Runs check(), the verdict that every rank reaches alike. When it rejects
+  // the call (throws epcomm::error), the rank still runs final_round(), the
+  // call's last counted round with no payload, as run() runs a call, then
+  // rethrows the verdict: a rank that raced into its next call would
+  // otherwise overwrite slots that slower peers have not read yet.
+  template <class Check, class FinalRound, class GiveUp>
+  void settle(Check&& check, FinalRound&& final_round, GiveUp&& give_up) {
+    try {
+      std::forward<Check>(check)();
+    } catch (const error&) {
+      run(std::forward<FinalRound>(final_round), std::forward<GiveUp>(give_up));
+      throw;
+    }
   }
 
   // Runs f. An epcomm::error from it is kept, passed to give_up(culprit)

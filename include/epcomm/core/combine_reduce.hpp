@@ -22,8 +22,10 @@
 // rounding would change the result.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "epcomm/core/token_types.hpp"
 
@@ -142,6 +144,31 @@ inline void reduce_token_weighted(Out* out, std::size_t hidden, std::span<const 
 template <class T>
 inline const T* bias_row(std::span<const T> bias, std::size_t t, std::size_t hidden) {
   return bias.empty() ? nullptr : bias.data() + t * hidden;
+}
+
+// A combine's last step, for tokens [0, num_tokens): out_x[t] as
+// reduce_token with token t's biases and the rows that rows_of(t, add) hands
+// to add(row, weights) in the order it hands them; out_weights[t] (k floats,
+// when out_weights is not empty) the sum of those rows' k weights. What each
+// host engine's combine ends with, each finding a token's rows its own way.
+template <class Row, class Out, class RowsOf>
+inline void reduce_tokens(int num_tokens, std::size_t hidden, std::size_t k,
+                          std::span<const Out> bias_0, std::span<const Out> bias_1,
+                          std::span<Out> out_x, std::span<float> out_weights, RowsOf&& rows_of) {
+  std::vector<const Row*> srcs;
+  for (int t = 0; t < num_tokens; ++t) {
+    const std::size_t at = static_cast<std::size_t>(t);
+    float* w = out_weights.empty() ? nullptr : out_weights.data() + at * k;
+    if (w != nullptr) std::fill_n(w, k, 0.0f);
+    srcs.clear();
+    rows_of(t, [&](const Row* row, const float* row_weights) {
+      srcs.push_back(row);
+      if (w != nullptr)
+        for (std::size_t j = 0; j < k; ++j) w[j] += row_weights[j];
+    });
+    reduce_token<Out, Row>(out_x.data() + at * hidden, hidden, srcs, bias_row(bias_0, at, hidden),
+                           bias_row(bias_1, at, hidden));
+  }
 }
 
 }  // namespace epcomm

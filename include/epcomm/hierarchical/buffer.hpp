@@ -148,9 +148,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
                                   const dispatch_options& opt = {}) {
-    start_call("dispatch");
-    const std::uint64_t epoch = ++dispatch_epoch_;
-    const deadline dl = deadline::after(timeout_);
+    const call_start call = start_call("dispatch", dispatch_epoch_);
     const std::string cause = check_dispatch_input(in, opt, cap_);
     const topology topo{world_, per_node_, cap_.num_experts, in.hidden, in.topk};
     const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
@@ -159,21 +157,21 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
             ? reach_by_node(in.num_tokens, [&](int t, int d) { return lay.in_rank(t, d); })
             : std::vector<node_tokens>(nodes_);
 
-    wire::notify_header hdr =
-        notify_header_of<Token>(cause, epoch, in.num_tokens, in.hidden, in.topk, cap_.num_experts);
+    wire::notify_header hdr = notify_header_of<Token>(cause, call.epoch, in.num_tokens, in.hidden,
+                                                      in.topk, cap_.num_experts);
     hdr.recv_bound = opt.worst_case_recv_tokens;
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      gather_notify(hdr, lay.tokens_per_rank, reach, lay.tokens_per_expert, epoch, dl);
+      gather_notify(hdr, lay.tokens_per_rank, reach, lay.tokens_per_expert, call.epoch, call.dl);
     });
     const auto records = read_notify();
-    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, records); },
-                      node_signal::data, rail_signal::data, epoch, dl, "dispatch");
+    settle_on_failure([&] { judge_notify(rank_, call.epoch, cap_.max_recv_tokens, records); },
+                      node_signal::data, rail_signal::data, call, "dispatch");
 
     dispatch_result<Token> res;
-    res.handle = make_dispatch_handle({world_, rank_, in.num_tokens, in.hidden, in.topk}, epoch,
-                                      records, lay.send_pos);
-    move_rows(in, reach, records, res.handle, epoch, dl);
+    res.handle = make_dispatch_handle({world_, rank_, in.num_tokens, in.hidden, in.topk},
+                                      call.epoch, records, lay.send_pos);
+    move_rows(in, reach, records, res.handle, call.epoch, call.dl);
     fill_result(res, in, opt, records);
     return res;
   }
@@ -187,9 +185,7 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const cached_dispatch_input<Token>& in,
                                   const dispatch_handle& h) {
-    start_call("dispatch");
-    const std::uint64_t epoch = ++dispatch_epoch_;
-    const deadline dl = deadline::after(timeout_);
+    const call_start call = start_call("dispatch", dispatch_epoch_);
     const std::string cause = check_cached_dispatch_input(in, h, rank_, cap_);
     const bool ok = cause.empty();
     // A rejected handle may be malformed: nothing is read from it.
@@ -199,22 +195,22 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     std::vector<int> per_rank(world_, 0);
     std::vector<node_tokens> reach(nodes_);
     const wire::notify_header hdr =
-        cached_notify_header_of<Token>(cause, epoch, cap_.num_experts, h);
+        cached_notify_header_of<Token>(cause, call.epoch, cap_.num_experts, h);
     if (ok) {
       for (int r = 0; r < world_; ++r) per_rank[r] = h.sent(rank_, r);
       reach = reach_of(h);
     }
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      gather_notify(hdr, per_rank, reach, {}, epoch, dl);
+      gather_notify(hdr, per_rank, reach, {}, call.epoch, call.dl);
     });
     const auto records = read_notify();
-    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, records); },
-                      node_signal::data, rail_signal::data, epoch, dl, "dispatch");
+    settle_on_failure([&] { judge_notify(rank_, call.epoch, cap_.max_recv_tokens, records); },
+                      node_signal::data, rail_signal::data, call, "dispatch");
 
     dispatch_result<Token> res;
     res.handle = h;
-    move_rows(rows, reach, records, h, epoch, dl);
+    move_rows(rows, reach, records, h, call.epoch, call.dl);
     fill_result(res, rows, {}, records);
     res.num_recv_tokens_per_expert.clear();
     return res;
@@ -226,31 +222,29 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
   template <one_of<combine_type_t<Tokens>...> Out>
   void combine(const combine_input<Out>& in, const dispatch_handle& h,
                std::type_identity_t<std::span<Out>> out_x, std::span<float> out_weights = {}) {
-    start_call("combine");
-    const std::uint64_t epoch = ++combine_epoch_;
-    const deadline dl = deadline::after(timeout_);
+    const call_start call = start_call("combine", combine_epoch_);
     const std::string cause = check_combine_input<Out>(in, h, out_x, out_weights, rank_, cap_);
     const bool weights = in.topk_weights.has_value();
     std::vector<node_tokens> reach;
     if (cause.empty()) reach = reach_of(h);
 
-    const wire::combine_header hdr = combine_header_of<Out>(cause, epoch, weights, h);
-    guarded([&] { gather_status(hdr, reach, dl); });
-    settle_on_failure([&] { check_status(epoch); }, node_signal::combine_staged,
-                      rail_signal::combine_partial, epoch, dl, "combine");
+    const wire::combine_header hdr = combine_header_of<Out>(cause, call.epoch, weights, h);
+    guarded([&] { gather_status(hdr, reach, call.dl); });
+    settle_on_failure([&] { check_status(call.epoch); }, node_signal::combine_staged,
+                      rail_signal::combine_partial, call, "combine");
     guarded([&] {
       inject(fault::point::mid_combine, "combine");
       stage_y(in, h);
       for (int i = 0; i < per_node_; ++i)
-        if (i != local_) intra_.signal(i, node_slot(node_signal::combine_staged, local_), dl);
+        if (i != local_) intra_.signal(i, node_slot(node_signal::combine_staged, local_), call.dl);
       for (int i = 0; i < per_node_; ++i)
         if (i != local_)
-          intra_.wait(node_slot(node_signal::combine_staged, i), epoch, dl, "combine", i,
+          intra_.wait(node_slot(node_signal::combine_staged, i), call.epoch, call.dl, "combine", i,
                       "rows to reduce");
-      reduce_for_rail<Out>(h, reach[node_], weights, dl);
+      reduce_for_rail<Out>(h, reach[node_], weights, call.dl);
       for (int m = 0; m < nodes_; ++m)
         if (m != node_)
-          inter_.wait(rail_slot(rail_signal::combine_partial, m), epoch, dl, "combine", m,
+          inter_.wait(rail_slot(rail_signal::combine_partial, m), call.epoch, call.dl, "combine", m,
                       "partial sums");
     });
     finish(in, h, reach, out_x, out_weights);
@@ -329,12 +323,10 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     return wire::hier::signal_slot(k, source, nodes_);
   }
 
-  void ensure_usable(const char* op) const { guard_.check(rank_, op, false); }
-
   // A synchronous call runs after the asynchronous ones queued before it.
-  void start_call(const char* op) {
+  call_start start_call(const char* op, std::uint64_t& epochs) {
     calls_.drain();
-    ensure_usable(op);
+    return guard_.start(rank_, op, false, epochs, timeout_);
   }
 
   void inject(fault::point at, const char* op) {
@@ -353,30 +345,29 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     guard_.run(std::forward<F>(f), [this](int culprit) { abort_links(culprit); });
   }
 
-  // When every rank has agreed to reject a call, each still completes the
-  // call's final round on both transports (a counted signal with no payload)
-  // before throwing: a rank that raced into its next call would otherwise
-  // overwrite records that slower peers of its node or rail have not read.
+  // A call every rank agreed to reject (check() throws) still completes its
+  // final round on both transports, node_round and rail_round with no
+  // payload, before throwing (see call_guard::settle).
   template <class Check>
   void settle_on_failure(Check&& check, node_signal node_round, rail_signal rail_round,
-                         std::uint64_t epoch, const deadline& dl, const char* op) {
-    try {
-      check();
-    } catch (const error&) {
-      guarded([&] {
-        for (int m = 0; m < nodes_; ++m)
-          if (m != node_) inter_.signal(m, rail_slot(rail_round, node_), dl);
-        for (int i = 0; i < per_node_; ++i)
-          if (i != local_) intra_.signal(i, node_slot(node_round, local_), dl);
-        for (int m = 0; m < nodes_; ++m)
-          if (m != node_)
-            inter_.wait(rail_slot(rail_round, m), epoch, dl, op, m, "agreement to reject the call");
-        for (int i = 0; i < per_node_; ++i)
-          if (i != local_)
-            intra_.wait(node_slot(node_round, i), epoch, dl, op, i, "agreement to reject the call");
-      });
-      throw;
-    }
+                         const call_start& call, const char* op) {
+    guard_.settle(
+        std::forward<Check>(check),
+        [&] {
+          for (int m = 0; m < nodes_; ++m)
+            if (m != node_) inter_.signal(m, rail_slot(rail_round, node_), call.dl);
+          for (int i = 0; i < per_node_; ++i)
+            if (i != local_) intra_.signal(i, node_slot(node_round, local_), call.dl);
+          for (int m = 0; m < nodes_; ++m)
+            if (m != node_)
+              inter_.wait(rail_slot(rail_round, m), call.epoch, call.dl, op, m,
+                          "agreement to reject the call");
+          for (int i = 0; i < per_node_; ++i)
+            if (i != local_)
+              intra_.wait(node_slot(node_round, i), call.epoch, call.dl, op, i,
+                          "agreement to reject the call");
+        },
+        [this](int culprit) { abort_links(culprit); });
   }
 
   // ---- dispatch ----------------------------------------------------------
@@ -929,24 +920,16 @@ requires(sizeof...(Tokens) >= 1) && peer_mapped_transport<Intra> &&
     const auto* px = reinterpret_cast<const float*>(inter_.local(rail_plan_.partial_x));
     const auto* pw = reinterpret_cast<const float*>(inter_.local(rail_plan_.partial_weights));
     std::vector<std::size_t> next(nodes_, 0);
-    std::vector<const float*> srcs;
-    srcs.reserve(static_cast<std::size_t>(nodes_));
-    for (int t = 0; t < h.num_tokens; ++t) {
-      const std::size_t at = static_cast<std::size_t>(t) * hidden;
-      if (!out_weights.empty())
-        std::fill_n(out_weights.begin() + static_cast<std::ptrdiff_t>(t * k), k, 0.0f);
-      srcs.clear();
-      for (int m = 0; m < nodes_; ++m) {
-        const auto& list = reach[m].tokens;
-        if (next[m] == list.size() || list[next[m]] != t) continue;
-        const std::size_t row = static_cast<std::size_t>(m) * cap_.max_tokens_per_rank + next[m]++;
-        srcs.push_back(px + row * hidden);
-        if (!out_weights.empty())
-          for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += pw[row * k + j];
-      }
-      reduce_token<Out, float>(out_x.data() + at, hidden, srcs, bias_row(in.bias_0, t, hidden),
-                               bias_row(in.bias_1, t, hidden));
-    }
+    reduce_tokens<float>(h.num_tokens, hidden, k, in.bias_0, in.bias_1, out_x, out_weights,
+                         [&](int t, auto&& add) {
+                           for (int m = 0; m < nodes_; ++m) {
+                             const auto& list = reach[m].tokens;
+                             if (next[m] == list.size() || list[next[m]] != t) continue;
+                             const std::size_t row =
+                                 static_cast<std::size_t>(m) * cap_.max_tokens_per_rank + next[m]++;
+                             add(px + row * hidden, pw + row * k);
+                           }
+                         });
   }
 
   int rank_;

@@ -173,9 +173,7 @@ requires(sizeof...(Tokens) >= 1) &&
   template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const dispatch_input<Token>& in,
                                   const dispatch_options& opt = {}) {
-    start_call("dispatch");
-    const std::uint64_t epoch = ++dispatch_epoch_;
-    const deadline dl = deadline::after(timeout_);
+    const call_start call = start_call("dispatch", dispatch_epoch_);
     const std::string cause = check_dispatch_input(in, opt, cap_);
     const topology topo{world_, world_, cap_.num_experts, in.hidden, in.topk};
     const layout lay = cause.empty() ? make_layout(topo, in.topk_idx, in.num_tokens) : layout{};
@@ -183,24 +181,25 @@ requires(sizeof...(Tokens) >= 1) &&
     std::vector<bool> members(world_);
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      wire::notify_header hdr = notify_header_of<Token>(cause, epoch, in.num_tokens, in.hidden,
+      wire::notify_header hdr = notify_header_of<Token>(cause, call.epoch, in.num_tokens, in.hidden,
                                                         in.topk, cap_.num_experts);
       hdr.recv_bound = opt.worst_case_recv_tokens;
-      post_notify(hdr, &lay, epoch, dl);
+      post_notify(hdr, &lay, call.epoch, call.dl);
       for (int s = 0; s < world_; ++s)
-        members[s] =
-            await_round(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify counts"});
+        members[s] = await_round(wire::signal_kind::notify, s, call.epoch, call.dl,
+                                 {"dispatch", s, "notify counts"});
     });
     const auto peers = read_notify(members);
-    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers, members); },
-                      wire::signal_kind::data, data_signals_, dl, "dispatch");
+    settle_on_failure(
+        [&] { judge_notify(rank_, call.epoch, cap_.max_recv_tokens, peers, members); },
+        wire::signal_kind::data, data_signals_, call.dl, "dispatch");
 
     dispatch_result<Token> res;
-    res.handle = make_dispatch_handle({world_, rank_, in.num_tokens, in.hidden, in.topk}, epoch,
-                                      peers, lay.send_pos);
+    res.handle = make_dispatch_handle({world_, rank_, in.num_tokens, in.hidden, in.topk},
+                                      call.epoch, peers, lay.send_pos);
     const std::vector<bool> rows_came =
         move_rows(in, lay, res.handle, topo,
-                  std::max(res.handle.num_recv_tokens, opt.worst_case_recv_tokens), dl);
+                  std::max(res.handle.num_recv_tokens, opt.worst_case_recv_tokens), call.dl);
     fill_result(res, in, opt, peers, rows_came);
     return res;
   }
@@ -216,25 +215,24 @@ requires(sizeof...(Tokens) >= 1) &&
   template <one_of<Tokens...> Token>
   dispatch_result<Token> dispatch(const cached_dispatch_input<Token>& in,
                                   const dispatch_handle& h) {
-    start_call("dispatch");
-    const std::uint64_t epoch = ++dispatch_epoch_;
-    const deadline dl = deadline::after(timeout_);
+    const call_start call = start_call("dispatch", dispatch_epoch_);
     const std::string cause = check_cached_dispatch_input(in, h, rank_, cap_);
     const bool ok = cause.empty();
     std::vector<bool> members(world_);
     guarded([&] {
       inject(fault::point::before_notify, "dispatch");
-      post_notify(cached_notify_header_of<Token>(cause, epoch, cap_.num_experts, h), nullptr, epoch,
-                  dl);
+      post_notify(cached_notify_header_of<Token>(cause, call.epoch, cap_.num_experts, h), nullptr,
+                  call.epoch, call.dl);
       for (int s = 0; s < world_; ++s)
-        members[s] =
-            await_round(wire::signal_kind::notify, s, epoch, dl, {"dispatch", s, "notify header"});
+        members[s] = await_round(wire::signal_kind::notify, s, call.epoch, call.dl,
+                                 {"dispatch", s, "notify header"});
     });
     // A rejected handle may be malformed: its counts are not read (the verdict
     // stops at the input's status before it looks at counts).
     const auto peers = read_notify(members, ok ? &h : nullptr);
-    settle_on_failure([&] { judge_notify(rank_, epoch, cap_.max_recv_tokens, peers, members); },
-                      wire::signal_kind::data, data_signals_, dl, "dispatch");
+    settle_on_failure(
+        [&] { judge_notify(rank_, call.epoch, cap_.max_recv_tokens, peers, members); },
+        wire::signal_kind::data, data_signals_, call.dl, "dispatch");
 
     dispatch_result<Token> res;
     res.handle = h;
@@ -245,7 +243,7 @@ requires(sizeof...(Tokens) >= 1) &&
     lay.send_pos = h.send_pos;
     const std::vector<bool> rows_came =
         move_rows(rows, lay, h, topology{world_, world_, cap_.num_experts, h.hidden, 0},
-                  h.num_recv_tokens, dl);
+                  h.num_recv_tokens, call.dl);
     fill_result(res, rows, {}, peers, rows_came);
     res.num_recv_tokens_per_expert.clear();
     return res;
@@ -281,9 +279,7 @@ requires(sizeof...(Tokens) >= 1) &&
   template <one_of<combine_type_t<Tokens>...> Out>
   void combine(const combine_input<Out>& in, const dispatch_handle& h,
                std::type_identity_t<std::span<Out>> out_x, std::span<float> out_weights = {}) {
-    start_call("combine");
-    const std::uint64_t epoch = ++combine_epoch_;
-    const deadline dl = deadline::after(timeout_);
+    const call_start call = start_call("combine", combine_epoch_);
     const std::string cause = check_combine_input<Out>(in, h, out_x, out_weights, rank_, cap_);
     // With a window the rows always move: there is no region to leave them in.
     const bool in_place = !windowed() && left_in_place(in, h);
@@ -292,34 +288,34 @@ requires(sizeof...(Tokens) >= 1) &&
     guarded([&] {
       // Over RMA the rows are pushed either way: sources need not know.
       wire::combine_header hdr =
-          combine_header_of<Out>(cause, epoch, in.topk_weights.has_value(), h);
+          combine_header_of<Out>(cause, call.epoch, in.topk_weights.has_value(), h);
       hdr.in_place = in_place && !via_proxy ? 1 : 0;
-      post_combine_status(hdr, dl);
+      post_combine_status(hdr, call.dl);
       for (int s = 0; s < world_; ++s)
-        members[s] = await_round(wire::signal_kind::combine_ready, s, epoch, dl,
+        members[s] = await_round(wire::signal_kind::combine_ready, s, call.epoch, call.dl,
                                  {"combine", s, "combine readiness"});
     });
     std::vector<wire::combine_header> status;
-    settle_on_failure([&] { status = check_combine_status(epoch, members); },
-                      wire::signal_kind::combine_data, combine_signals_, dl, "combine");
+    settle_on_failure([&] { status = check_combine_status(call.epoch, members); },
+                      wire::signal_kind::combine_data, combine_signals_, call.dl, "combine");
     std::vector<bool> returned(world_, true);
     guarded([&] {
       inject(fault::point::mid_combine, "combine");
-      if (windowed()) return return_rows_in_rounds(in, h, dl);
+      if (windowed()) return return_rows_in_rounds(in, h, call.dl);
       const std::uint64_t round = ++combine_signals_;
       if constexpr (via_proxy)
-        put_combine_rows(in, h, in_place, dl);
+        put_combine_rows(in, h, in_place, call.dl);
       else
-        return_rows(in, h, in_place, round, dl);
+        return_rows(in, h, in_place, round, call.dl);
       for (int r = 0; r < world_; ++r)
-        returned[r] = await_round(wire::signal_kind::combine_data, r, round, dl,
+        returned[r] = await_round(wire::signal_kind::combine_data, r, round, call.dl,
                                   {"combine", r, "combined rows"});
     });
     reduce(in, h, status, returned, out_x, out_weights);
     if constexpr (via_proxy)
-      guarded([&] { quiet_staging(dl); });  // the caller may write the next y there now
+      guarded([&] { quiet_staging(call.dl); });  // the caller may write the next y there now
     else
-      release_in_place_rows(status, in_place, dl);
+      release_in_place_rows(status, in_place, call.dl);
   }
 
  private:
@@ -344,12 +340,10 @@ requires(sizeof...(Tokens) >= 1) &&
 
   std::byte* local(std::size_t offset) { return link_.local(offset); }
 
-  void ensure_usable(const char* op) const { guard_.check(rank_, op, link_.aborted()); }
-
   // A synchronous call runs after the asynchronous ones queued before it.
-  void start_call(const char* op) {
+  call_start start_call(const char* op, std::uint64_t& epochs) {
     calls_.drain();
-    ensure_usable(op);
+    return guard_.start(rank_, op, link_.aborted(), epochs, timeout_);
   }
 
   // See core/call_guard.hpp: a failed call breaks the buffer and aborts the group.
@@ -396,28 +390,25 @@ requires(sizeof...(Tokens) >= 1) &&
     fault::inject(at, rank_, op, [this] { link_.abort(); });
   }
 
-  // When every rank has agreed to reject a call, each still completes the
-  // call's final round (a counted signal with no payload) before throwing: a
-  // rank that raced into its next call would otherwise overwrite status slots
-  // that slower peers have not read yet.
-  // `signals`: the round's count so far (data_signals_, combine_signals_).
+  // A call every rank agreed to reject (check() throws) still completes its
+  // final round, `final_round` with no payload, before throwing (see
+  // call_guard::settle). `signals`: the round's count so far (data_signals_,
+  // combine_signals_).
   template <class Check>
   void settle_on_failure(Check&& check, wire::signal_kind final_round, std::uint64_t& signals,
                          const deadline& dl, const char* op) {
-    try {
-      check();
-    } catch (const error&) {
-      const std::uint64_t round = ++signals;
-      guarded([&] {
-        if constexpr (via_proxy)
-          push_rejection(final_round, dl);
-        else
-          end_round(final_round, round, dl);
-        for (int p = 0; p < world_; ++p)
-          await_round(final_round, p, round, dl, {op, p, "agreement to reject the call"});
-      });
-      throw;
-    }
+    guard_.settle(
+        std::forward<Check>(check),
+        [&] {
+          const std::uint64_t round = ++signals;
+          if constexpr (via_proxy)
+            push_rejection(final_round, dl);
+          else
+            end_round(final_round, round, dl);
+          for (int p = 0; p < world_; ++p)
+            await_round(final_round, p, round, dl, {op, p, "agreement to reject the call"});
+        },
+        [this](int culprit) { link_.abort(culprit); });
   }
 
   // RMA path: the final round of a call every rank agreed to reject, as the
@@ -966,28 +957,19 @@ requires(sizeof...(Tokens) >= 1) &&
                   static_cast<std::size_t>(h.recv_offset(rank_, r)) * hidden;
       }
     }
-    std::vector<const Out*> srcs;
-    srcs.reserve(static_cast<std::size_t>(world_));
-    for (int t = 0; t < h.num_tokens; ++t) {
-      const std::size_t at = static_cast<std::size_t>(t) * hidden;
-      if (!out_weights.empty())
-        std::fill_n(out_weights.begin() + static_cast<std::ptrdiff_t>(t * k), k, 0.0f);
-      srcs.clear();
-      for (int r = 0; r < world_; ++r) {
-        const int pos = h.send_pos[static_cast<std::size_t>(t) * world_ + r];
-        if (pos < 0) continue;
-        if (!returned[r]) {
-          ++stats_.masked_contributions;
-          continue;
-        }
-        const std::size_t row = static_cast<std::size_t>(first[r] + pos);
-        srcs.push_back(rows[r] + static_cast<std::size_t>(pos) * hidden);
-        if (!out_weights.empty())
-          for (std::size_t j = 0; j < k; ++j) out_weights[t * k + j] += wrows[row * k + j];
-      }
-      reduce_token<Out, Out>(out_x.data() + at, hidden, srcs, bias_row(in.bias_0, t, hidden),
-                             bias_row(in.bias_1, t, hidden));
-    }
+    reduce_tokens<Out>(h.num_tokens, hidden, k, in.bias_0, in.bias_1, out_x, out_weights,
+                       [&](int t, auto&& add) {
+                         for (int r = 0; r < world_; ++r) {
+                           const int pos = h.send_pos[static_cast<std::size_t>(t) * world_ + r];
+                           if (pos < 0) continue;
+                           if (!returned[r]) {
+                             ++stats_.masked_contributions;
+                             continue;
+                           }
+                           add(rows[r] + static_cast<std::size_t>(pos) * hidden,
+                               wrows + static_cast<std::size_t>(first[r] + pos) * k);
+                         }
+                       });
   }
 
   int rank_;
