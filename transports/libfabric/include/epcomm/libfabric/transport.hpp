@@ -1049,15 +1049,16 @@ class transport : public proxy::rma_transport_base {
   // Nothing is posted to a peer known exited: over the shm provider the
   // write could wait for good on a lock it held.
   // When masking, the peer is lost instead, and what it was owed counts
-  // complete.
+  // complete. That is decided after the loop: the peer can exit while it
+  // runs, after progress_locked() found it alive.
   void retry_backlog(int peer) {
     auto& p = peers_[peer];
-    if (lost_.masking() && !lost(peer) && peer_exited(peer)) lose_peer(peer, {});
     while (!p.backlog.empty() && !peer_exited(peer)) {
       if (!post_data(p.backlog.front())) return;
       p.backlog.pop_front();
     }
     if (p.backlog.empty()) return;
+    if (lost_.masking() && !lost(peer)) lose_peer(peer, {});
     if (lost(peer)) {
       for (posted* op : p.backlog) on_completion_of(op);
       p.backlog.clear();
