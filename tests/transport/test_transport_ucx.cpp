@@ -94,3 +94,35 @@ TEST_CASE(
   });
   CHECK(test::all_ok(codes, "data path per transport"));
 }
+
+TEST_CASE("a peer that exits silently fails a wait on another peer at once, naming it") {
+  // Over shared memory a peer killed while writing into a survivor's
+  // receive queue holds up everything behind it, another survivor's abort
+  // included; here no survivor aborts at all. Rank 1 exits without a
+  // goodbye while ranks 0 and 2 wait for each other: each must name rank 1
+  // well before the deadline, not blame the other (over shared memory
+  // nothing but its exit tells them).
+  INFO("transport:", test::provider_environment());
+  const auto codes = launch_local(3, [&](local_bootstrap& boot) {
+    const int rank = boot.rank();
+    const deadline dl = deadline::after(std::chrono::seconds(20));
+    ucx::transport t(boot, 4096, 1, dl);
+    t.barrier(dl);
+    boot.barrier(dl);  // every rank is out of the transport's barrier
+    if (rank == 1) _exit(0);
+    const int other = 2 - rank;
+    const auto start = steady::now();
+    try {
+      t.wait(0, 1, dl, {"ucx test", other, "a signal no rank sends"});
+      return test::fail_rank(rank, "a wait for a signal nobody sent succeeded");
+    } catch (const error& e) {
+      // Seen directly, or in the other survivor's abort; over tcp maybe
+      // as UCX's endpoint error first.
+      if (e.peer() != 1) return test::fail_rank(rank, std::string("wrong error: ") + e.what());
+    }
+    if (steady::now() - start > std::chrono::seconds(5))
+      return test::fail_rank(rank, "the exit was noticed only after 5 s");
+    return 0;
+  });
+  CHECK(test::all_ok(codes, "a silent exit while waiting on another peer"));
+}

@@ -254,6 +254,7 @@ class transport : public proxy::rma_transport_base {
     auto explain = [&] {
       check_peer_aborts(site);
       blame_if_gone(site, slot, expected);
+      blame_silent_exits(site);
     };
     // Goodbye words land by a put, a plain copy inside progress (which runs
     // under mu_): the periodic check reads them under mu_ too.
@@ -426,6 +427,27 @@ class transport : public proxy::rma_transport_base {
       // landed if the exit is visible, so it is read again first.
       check_peer_aborts(site);
       fail_gone(site);
+    }
+  }
+
+  // Over UCX's shared memory every sender's messages to this rank (emulated
+  // puts and adds, goodbye words among them) pass through one receive queue;
+  // a peer killed while writing an entry holds up every entry behind it for
+  // good, the awaited peer's data and a surviving peer's abort alike. So a
+  // peer on this host that exited without a goodbye fails the wait, whichever
+  // peer it awaits: the group has lost it. A goodbye it did send may still
+  // be queued: progress reads it first. Not while masking: there only the
+  // awaited peer's loss fails a wait. mu_ held.
+  void blame_silent_exits(const wait_site& site) {
+    if (lost_.masking()) return;
+    for (int p = 0; p < world_; ++p) {
+      if (p == site.peer || counter(goodbye_slot(p)) != 0 || !peer_exited(p)) continue;
+      suppress_latched([&] { progress_locked(); });
+      if (counter(goodbye_slot(p)) != 0) continue;
+      std::string cause =
+          std::string("peer process exited while this rank waited for ") + site.what;
+      if (site.peer >= 0) cause += " from peer " + std::to_string(site.peer);
+      fail(site.op, p, cause);
     }
   }
 
