@@ -148,9 +148,8 @@ class Buffer:
     from topk_idx). `num_nvl_bytes` is each engine's byte budget, as
     DeepEP's: the buffer never takes more, and a dispatch larger than it
     moves through it in rounds (epcomm's max_buffer_bytes), so tokens are
-    bounded only by num_max_tokens_per_rank (default 65536). With
-    `enable_shrink` (which needs whole calls) it bounds the tokens instead:
-    num_nvl_bytes // (group size * hidden * 2, or 4 for fp32). Low-latency mode sizes its engines by the arguments of
+    bounded only by num_max_tokens_per_rank (default 65536). Low-latency
+    mode sizes its engines by the arguments of
     `low_latency_dispatch` itself. `timeout_ms` bounds every call (default:
     EPCOMM_TIMEOUT_MS or the library's); `enable_shrink` keeps going without
     a rank whose process exited (epcomm's mask_lost_ranks).
@@ -515,8 +514,8 @@ class Buffer:
         else:
             raise error(self.rank, "dispatch", f"invalid input: x has dtype {x.dtype}; "
                         "bfloat16, float32 or (uint8, float32 scales) for fp8")
-        key, cls, row_element_bytes = (("fp32", _epcomm.NormalBuffer_f32, 4) if kind == "fp32"
-                                       else ("bf16/fp8", _epcomm.NormalBuffer, 2))
+        key, cls = (("fp32", _epcomm.NormalBuffer_f32) if kind == "fp32"
+                    else ("bf16/fp8", _epcomm.NormalBuffer))
         if key in self._normal:
             return self._normal[key] + (kind,)
         sizes = dict(self._sizes)
@@ -534,24 +533,17 @@ class Buffer:
             self.group_size)
         # num_nvl_bytes is the engine's byte budget, as DeepEP's: a dispatch
         # larger than the buffer moves through it in rounds, so it bounds
-        # memory, not tokens. Masking needs whole calls: with enable_shrink
-        # the budget sizes the receive region for whole calls instead.
-        budget = 0 if self._mask_lost_ranks else self.num_nvl_bytes
+        # memory, not tokens.
         if sizes["max_tokens_per_rank"] is None:
-            if budget > 0:
-                sizes["max_tokens_per_rank"] = min(
-                    _TOKENS_UNDER_A_BUDGET,
-                    (2**31 - 1) // (self.group_size * max(sizes["max_topk"], 1)))
-            else:
-                sizes["max_tokens_per_rank"] = self.num_nvl_bytes // (
-                    self.group_size * sizes["hidden"] * row_element_bytes)
-        if sizes["max_tokens_per_rank"] < 1:
-            raise error(self.rank, "dispatch", f"invalid input: num_nvl_bytes "
-                        f"({self.num_nvl_bytes}) holds no token of hidden {sizes['hidden']} from "
-                        f"{self.group_size} ranks; pass more, or num_max_tokens_per_rank")
+            if self.num_nvl_bytes <= 0:
+                raise error(self.rank, "dispatch", "invalid input: a Buffer without "
+                            "num_nvl_bytes needs num_max_tokens_per_rank")
+            sizes["max_tokens_per_rank"] = min(
+                _TOKENS_UNDER_A_BUDGET,
+                (2**31 - 1) // (self.group_size * max(sizes["max_topk"], 1)))
         engine = cls(self._bootstrap, sizes["num_experts"], sizes["hidden"], sizes["max_topk"],
                      sizes["max_tokens_per_rank"], self._timeout, self._mask_lost_ranks,
-                     budget)
+                     self.num_nvl_bytes)
         self._normal[key] = engine, sizes["num_experts"]
         return self._normal[key] + (kind,)
 

@@ -4,7 +4,9 @@
 // and the survivors' calls go on without it,
 // every result checked against the reference with that rank's experts
 // removed, its contributions counted. A slow rank is not masked. (Without the
-// option the same exits fail every survivor: the fault matrix.)
+// option the same exits fail every survivor: the fault matrix.) Under a byte
+// budget of 3 rows per peer every call moves in several rounds, and a rank
+// lost in dispatch or combine exits after the first of them.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -15,8 +17,9 @@
 #include <vector>
 
 #include "epcomm/bootstrap/local.hpp"
-#include "epcomm/normal/buffer.hpp"
 #include "epcomm/host/fault_injection.hpp"
+#include "epcomm/normal/buffer.hpp"
+#include "epcomm/normal/wire.hpp"
 #include "epcomm/shm/transport.hpp"
 #include "support/exit_codes.hpp"
 #include "support/reference.hpp"
@@ -49,6 +52,29 @@ buffer_config masked_config(const shape& s, std::chrono::milliseconds timeout) {
   cfg.max_tokens_per_rank = s.tokens;
   cfg.timeout = timeout;
   cfg.mask_lost_ranks = true;
+  return cfg;
+}
+
+constexpr int window_rows = 3;
+
+// masked_config's buffer for Token held to a window of window_rows rows per
+// peer: the budget of that window's regions, planned as the engine plans
+// them over shared memory (the test checks the window it got).
+template <token_type Token>
+buffer_config windowed_config(const shape& s, std::chrono::milliseconds timeout) {
+  buffer_config cfg = masked_config(s, timeout);
+  const wire::capacity window{s.world,
+                              s.experts,
+                              s.hidden,
+                              s.topk,
+                              s.tokens,
+                              s.world * s.tokens,
+                              s.tokens * std::min(s.topk, s.world),
+                              static_cast<int>(sizeof(Token)),
+                              static_cast<int>(sizeof(combine_type_t<Token>)),
+                              token_traits<Token>::has_scales,
+                              window_rows};
+  cfg.max_buffer_bytes = wire::plan_regions(window, false, true).total;
   return cfg;
 }
 
@@ -97,12 +123,21 @@ expectation expect(fault::point at, int call) {
   }
 }
 
+enum class budget { none, window };
+
 template <token_type Token>
-int run_rank(local_bootstrap& boot, fault::point at, in_place mode) {
+int run_rank(local_bootstrap& boot, fault::point at, in_place mode, budget b) {
   using out_t = combine_type_t<Token>;
   const int rank = boot.rank();
   const shape first = mask_shape(boot.world_size(), 4000);
-  buffer<shm::transport, Token> buf(boot, masked_config(first, std::chrono::seconds(20)));
+  const auto timeout = std::chrono::seconds(20);
+  buffer<shm::transport, Token> buf(boot, b == budget::window
+                                              ? windowed_config<Token>(first, timeout)
+                                              : masked_config(first, timeout));
+  if (b == budget::window && buf.capacity().window_rows != window_rows)
+    return fail_rank(rank, "the budget left a window of " +
+                               std::to_string(buf.capacity().window_rows) + " rows, not " +
+                               std::to_string(window_rows));
   std::uint64_t masked_total = 0;
   for (int call = 0; call < calls; ++call) {
     const shape s = mask_shape(first.world, first.seed + call);
@@ -122,6 +157,10 @@ int run_rank(local_bootstrap& boot, fault::point at, in_place mode) {
         "call " + std::to_string(call) + " " + describe(s, token_traits<Token>::name.data());
     if (auto e = check_dispatch(s, rank, dispatch_ref, res, ex.rows_padded ? lost : -1); !e.empty())
       return fail_rank(rank, what + " dispatch: " + e);
+    // In windows, the lost rank's exit must fall between rounds.
+    if (b == budget::window && call <= faulty_call &&
+        std::ranges::max(res.handle.count_matrix) <= 2 * window_rows)
+      return fail_rank(rank, what + ": no pair needs three rounds; the case tests nothing");
     const auto y = expert_rows(res, s.hidden, rank);
     std::span<const out_t> rows = y;
     if (applies(mode, rank)) {
@@ -167,17 +206,18 @@ int run_rank(local_bootstrap& boot, fault::point at, in_place mode) {
 }
 
 template <token_type Token = bf16>
-void run_cell(fault::point at, in_place mode, int world = 3) {
+void run_cell(fault::point at, in_place mode, int world = 3, budget b = budget::none) {
   const std::string spec = "rank=" + std::to_string(lost) + ",point=" + fault::name(at) +
                            ",action=exit,hit=" + std::to_string(faulty_call + 1);
   CAPTURE(spec);
   CAPTURE(static_cast<int>(mode));
   CAPTURE(world);
   CAPTURE(token_traits<Token>::name);
+  CAPTURE(static_cast<int>(b));
   const auto start = steady::now();
   const auto codes = launch_local(world, [&](local_bootstrap& boot) {
     setenv("EPCOMM_FAULT", spec.c_str(), 1);
-    return run_rank<Token>(boot, at, mode);
+    return run_rank<Token>(boot, at, mode, b);
   });
   CHECK(codes[lost] == fault::exit_code);
   for (int r = 0; r < world; ++r)
@@ -205,6 +245,14 @@ TEST_CASE("four ranks, fp8 and fp32 tokens") {
   run_cell<fp8_e4m3>(fault::point::mid_dispatch, in_place::odd_ranks, 4);
   run_cell<fp8_e4m3>(fault::point::mid_combine, in_place::all, 4);
   run_cell<float>(fault::point::before_notify, in_place::none, 4);
+}
+
+TEST_CASE("under a byte budget, a rank lost between rounds is masked as in a whole call") {
+  run_cell(fault::point::before_notify, in_place::none, 3, budget::window);
+  run_cell(fault::point::mid_dispatch, in_place::none, 3, budget::window);
+  run_cell(fault::point::mid_combine, in_place::odd_ranks, 3, budget::window);
+  run_cell<fp8_e4m3>(fault::point::mid_dispatch, in_place::all, 4, budget::window);
+  run_cell<float>(fault::point::mid_combine, in_place::none, 4, budget::window);
 }
 
 TEST_CASE("a slow rank is not masked: its deadline still fails the call") {

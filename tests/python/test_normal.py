@@ -142,14 +142,17 @@ def test_fp8_casts():
 def _budget(rank, world):
     # num_nvl_bytes is a byte budget, as DeepEP's: 16 KiB leaves a window of a
     # few rows per peer, and 64 tokens move through it in rounds, with the
-    # reference's results; a Buffer sized for whole calls takes no window.
+    # reference's results, with enable_shrink too; a Buffer sized for whole
+    # calls takes no window.
     small = epcomm.Buffer(None, num_nvl_bytes=1 << 14, timeout_ms=20_000)
+    shrinking = epcomm.Buffer(None, num_nvl_bytes=1 << 14, enable_shrink=True, timeout_ms=20_000)
     whole = epcomm.Buffer(None, num_max_tokens_per_rank=64, timeout_ms=20_000)
     for seed, dtype in enumerate([torch.bfloat16, torch.float32, torch.bfloat16]):
-        _round_trip(small, rank, world, dtype, 64, "random", 20 + seed)
-        _round_trip(whole, rank, world, dtype, 64, "random", 20 + seed)
+        for buf in (small, shrinking, whole):
+            _round_trip(buf, rank, world, dtype, 64, "random", 20 + seed)
     for key in ("bf16/fp8", "fp32"):
-        assert 1 <= small._normal[key][0].window_rows <= 8, small._normal[key][0].window_rows
+        for buf in (small, shrinking):
+            assert 1 <= buf._normal[key][0].window_rows <= 8, buf._normal[key][0].window_rows
         assert whole._normal[key][0].window_rows == 0
 
 

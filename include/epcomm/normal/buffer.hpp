@@ -32,15 +32,17 @@
 // whose process exited is marked lost and calls go on without it. Receive
 // offsets are prefix sums over the sources, so every survivor must count the
 // same sources in a call. A rank finishes each round's writes to every peer,
-// then stores the call's epoch in its own progress word for that round
-// (wire::region_plan::progress), then signals. A survivor that finds a peer
-// gone reads that word, which can no longer change: the peer took part in
-// the round if and only if it is there. Every survivor so reaches the same
-// members (a lost rank's notify counts are in every survivor's buffer or in
-// none that counts them) without another round. A lost peer's rows that never
-// all arrived become padding rows (topk_idx -1, weight 0, src_idx -1), and a
-// token's rows from an expert rank that was lost are left out of its
-// combine, counted in buffer_stats::masked_contributions.
+// then stores the round's number in its own progress word for that kind of
+// round (wire::region_plan::progress: the call's epoch, or for rows how many
+// such rounds it has run, several per call in windows), then signals. A
+// survivor that finds a peer gone reads that word, which can no longer
+// change: the peer took part in the round if and only if it is there. Every
+// survivor so reaches the same members (a lost rank's notify counts are in
+// every survivor's buffer or in none that counts them) without another
+// round. A lost peer's rows that never all arrived (in windows: a peer lost
+// before its last round) become padding rows (topk_idx -1, weight 0,
+// src_idx -1), and a token's rows from an expert rank that was lost are left
+// out of its combine, counted in buffer_stats::masked_contributions.
 #pragma once
 
 #include <algorithm>
@@ -300,8 +302,11 @@ requires(sizeof...(Tokens) >= 1) &&
                       wire::signal_kind::combine_data, combine_signals_, call.dl, "combine");
     std::vector<bool> returned(world_, true);
     guarded([&] {
+      if (windowed()) {
+        returned = return_rows_in_rounds(in, h, call.dl);
+        return;
+      }
       inject(fault::point::mid_combine, "combine");
-      if (windowed()) return return_rows_in_rounds(in, h, call.dl);
       const std::uint64_t round = ++combine_signals_;
       if constexpr (via_proxy)
         put_combine_rows(in, h, in_place, call.dl);
@@ -552,10 +557,10 @@ requires(sizeof...(Tokens) >= 1) &&
                               const deadline& dl) {
     std::vector<bool> came(world_, true);
     guarded([&] {
-      inject(fault::point::mid_dispatch, "dispatch");
       if (windowed()) {
-        rows_in_rounds(in, lay, h, topo, result_rows, dl);
+        came = rows_in_rounds(in, lay, h, topo, result_rows, dl);
       } else {
+        inject(fault::point::mid_dispatch, "dispatch");
         const std::uint64_t round = ++data_signals_;
         send_rows(in, lay, h, topo, dl);
         for (int s = 0; s < world_; ++s)
@@ -610,10 +615,15 @@ requires(sizeof...(Tokens) >= 1) &&
   // slice of rows for every rank into that rank's window for it (once the
   // rank has emptied it of the last round), then every source's slice out
   // of this rank's windows into the result's host memory (received_, laid
-  // out as the receive regions), freeing the windows.
+  // out as the receive regions), freeing the windows. Returns whether each
+  // source's rows all came: a round's count is its progress word (see
+  // await_round), so a source lost between rounds is judged by the last
+  // round it finished, and the rows of a source lost before its last round
+  // become padding, as in a whole call.
   template <class Token>
-  void rows_in_rounds(const dispatch_input<Token>& in, const layout& lay, const dispatch_handle& h,
-                      const topology& topo, int result_rows, const deadline& dl) {
+  std::vector<bool> rows_in_rounds(const dispatch_input<Token>& in, const layout& lay,
+                                   const dispatch_handle& h, const topology& topo, int result_rows,
+                                   const deadline& dl) {
     const std::size_t hidden = in.hidden;
     const std::size_t k = in.topk;
     const int window = cap_.window_rows;
@@ -633,12 +643,17 @@ requires(sizeof...(Tokens) >= 1) &&
         if (const int pos = lay.position(t, r); pos >= 0) order[r][pos] = t;
     const std::uint64_t data_before = data_signals_;
     const std::uint64_t freed_before = freed_signals_;
+    std::vector<bool> came(world_, true);
     for (int i = 0; i < rounds; ++i) {
+      // After the first round (when there is one), so that a loss injected
+      // here falls between rounds.
+      if (i == std::min(1, rounds - 1)) inject(fault::point::mid_dispatch, "dispatch");
       quiet_staging(dl);
       for (int r = 0; i > 0 && r < world_; ++r)
         await_round(wire::signal_kind::window_free, r, freed_before + i, dl,
                     {"dispatch", r, "room in its receive window"});
       for (int r = 0; r < world_; ++r) {
+        if (lost_[r]) continue;
         const wire::window_slice slice = wire::slice_of(h.sent(rank_, r), i, window);
         const auto to = link_.direct(r)
                             ? arrays_at<Token>(link_.direct_ptr(r, 0), plan_, false,
@@ -655,13 +670,14 @@ requires(sizeof...(Tokens) >= 1) &&
         normal_push::window_rows(route(dl), plan_, world_, rank_, h.count_matrix.data(), i, window,
                                  rs);
       } else {
-        signal_all(wire::signal_kind::data, dl);
+        end_round(wire::signal_kind::data, data_before + i + 1, dl);
       }
       for (int s = 0; s < world_; ++s) {
-        await_round(wire::signal_kind::data, s, data_before + i + 1, dl,
-                    {"dispatch", s, "token rows"});
+        if (!came[s]) continue;  // lost in an earlier round
+        came[s] = await_round(wire::signal_kind::data, s, data_before + i + 1, dl,
+                              {"dispatch", s, "token rows"});
         const wire::window_slice slice = wire::slice_of(h.sent(s, rank_), i, window);
-        if (slice.rows > 0)  // else the result may have no memory at all
+        if (came[s] && slice.rows > 0)  // else the result may have no memory at all
           copy_rows(arrays_at<Token>(received_.data(), received_plan_, false,
                                      h.recv_offset(s, rank_) + slice.first, hidden, k),
                     arrays_at<Token>(local(0), plan_, false, static_cast<std::size_t>(s) * window,
@@ -672,11 +688,7 @@ requires(sizeof...(Tokens) >= 1) &&
     }
     data_signals_ += rounds;
     freed_signals_ += rounds - 1;
-  }
-
-  // Adds 1 to this rank's counter `kind` at every peer (a round in windows).
-  void signal_all(wire::signal_kind kind, const deadline& dl) {
-    for (int p = 0; p < world_; ++p) link_.signal(producer_channel, p, slot(kind, rank_), dl);
+    return came;
   }
 
   // Tells `peer` that its rows of this round are out of this rank's window.
@@ -687,6 +699,7 @@ requires(sizeof...(Tokens) >= 1) &&
   // for may stay incomplete in this rank's proxy (the peer need not
   // progress), failing the call's final quiet.
   void free_window(int peer, const deadline& dl) {
+    if (lost_[peer]) return;
     link_.signal(producer_channel, peer, slot(wire::signal_kind::window_free, rank_), dl);
   }
 
@@ -865,9 +878,10 @@ requires(sizeof...(Tokens) >= 1) &&
   // combine window for it (once emptied of the last round), then every
   // rank's slice of this rank's rows out of its windows into host memory
   // (returned_, laid out as the combine regions), freeing the windows.
+  // Returns whether each rank's rows all came back (see rows_in_rounds).
   template <class Out>
-  void return_rows_in_rounds(const combine_input<Out>& in, const dispatch_handle& h,
-                             const deadline& dl) {
+  std::vector<bool> return_rows_in_rounds(const combine_input<Out>& in, const dispatch_handle& h,
+                                          const deadline& dl) {
     const std::size_t row = h.hidden * sizeof(Out);
     const std::size_t wrow = h.topk * sizeof(float);
     const int window = cap_.window_rows;
@@ -883,14 +897,16 @@ requires(sizeof...(Tokens) >= 1) &&
         weights ? reinterpret_cast<const std::byte*>(in.topk_weights->data()) : nullptr;
     const std::uint64_t done_before = combine_signals_;
     const std::uint64_t freed_before = freed_signals_;
+    std::vector<bool> came(world_, true);
     for (int i = 0; i < rounds; ++i) {
+      if (i == std::min(1, rounds - 1)) inject(fault::point::mid_combine, "combine");
       quiet_staging(dl);
       for (int s = 0; i > 0 && s < world_; ++s)
         await_round(wire::signal_kind::window_free, s, freed_before + i, dl,
                     {"combine", s, "room in its combine window"});
       for (int s = 0; s < world_; ++s) {
         const wire::window_slice slice = wire::slice_of(h.sent(s, rank_), i, window);
-        if (slice.rows == 0) continue;  // y may be empty, without memory
+        if (slice.rows == 0 || lost_[s]) continue;  // y may be empty, without memory
         const std::size_t from = h.recv_offset(s, rank_) + slice.first;
         const bool direct = link_.direct(s);
         const std::size_t to = static_cast<std::size_t>(direct ? rank_ : s) * window;
@@ -906,14 +922,15 @@ requires(sizeof...(Tokens) >= 1) &&
         normal_push::window_combine_rows(route(dl), plan_, world_, rank_, h.count_matrix.data(), i,
                                          window, {0, 0, wrow / sizeof(float), row}, weights);
       else
-        signal_all(wire::signal_kind::combine_data, dl);
+        end_round(wire::signal_kind::combine_data, done_before + i + 1, dl);
       for (int r = 0; r < world_; ++r) {
-        await_round(wire::signal_kind::combine_data, r, done_before + i + 1, dl,
-                    {"combine", r, "combined rows"});
+        if (!came[r]) continue;  // lost in an earlier round
+        came[r] = await_round(wire::signal_kind::combine_data, r, done_before + i + 1, dl,
+                              {"combine", r, "combined rows"});
         const wire::window_slice slice = wire::slice_of(h.sent(rank_, r), i, window);
         const std::size_t to = h.return_offset(rank_, r) + slice.first;
         const std::size_t from = static_cast<std::size_t>(r) * window;
-        if (slice.rows > 0) {  // else returned_ may have no memory at all
+        if (came[r] && slice.rows > 0) {  // else returned_ may have no memory at all
           std::memcpy(returned_.data() + returned_plan_.combine_x + to * row,
                       local(plan_.combine_x) + from * row, slice.rows * row);
           if (weights)
@@ -925,6 +942,7 @@ requires(sizeof...(Tokens) >= 1) &&
     }
     combine_signals_ += rounds;
     freed_signals_ += rounds - 1;
+    return came;
   }
 
   // Token t's row from rank r: in this rank's combine region, where r

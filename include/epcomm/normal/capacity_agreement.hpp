@@ -68,9 +68,6 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::mi
   checks.need(cfg.max_buffer_bytes == 0 || engine.byte_budget,
               "max_buffer_bytes needs the flat host engine (the device buffer and the "
               "hierarchical engine size their regions for a whole call)");
-  checks.need(cfg.max_buffer_bytes == 0 || !cfg.mask_lost_ranks,
-              "max_buffer_bytes and mask_lost_ranks cannot be combined (a call in rounds has no "
-              "one progress word per round to settle a lost rank by)");
 
   const wire::capacity whole{world,
                              cfg.num_experts,
