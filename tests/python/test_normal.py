@@ -160,6 +160,45 @@ def test_byte_budget_moves_large_dispatches_in_rounds():
     run_ranks(_budget, 3)
 
 
+def _shrink_in_rounds(rank, world):
+    # enable_shrink under a byte budget: after the first call the last rank
+    # exits, and the survivors' calls, each in rounds through windows of a few
+    # rows, go on without it: its tokens are not received, rows for its
+    # experts are dropped and its share of every combine is left out.
+    import os
+    buf = epcomm.Buffer(None, num_nvl_bytes=1 << 14, enable_shrink=True, timeout_ms=20_000)
+    lost = world - 1
+    for seed in range(3):
+        xs, idxs, ws = _inputs(60 + seed, world, 64, "random", torch.bfloat16)
+        gone = seed > 0
+        local = EXPERTS // world
+        kept = [torch.where(gone & ((i // local == lost) | (s == lost)), torch.full_like(i, -1), i)
+                for s, i in enumerate(idxs)]
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idxs[rank], EXPERTS)
+        recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
+            xs[rank], num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=idxs[rank], topk_weights=ws[rank])
+        want_x, _, want_idx, want_w, want_src, want_counts = ref.dispatch(
+            rank, world, EXPERTS, xs, kept, ws)
+        assert torch.equal(recv_x, want_x) and torch.equal(recv_idx, want_idx)
+        assert torch.equal(recv_w, want_w) and torch.equal(handle.recv_src_idx, want_src)
+        assert counts == want_counts
+        combined, combined_w, _ = buf.combine((recv_x.float() * (rank + 1)).bfloat16(), handle,
+                                              topk_weights=recv_w)
+        want = ref.combine(xs[rank], ref.destinations(world, EXPERTS, kept[rank]), lambda r: r + 1)
+        assert torch.equal(combined.float(), want.bfloat16().float())
+        assert torch.equal(combined_w, torch.where(kept[rank] >= 0, ws[rank],
+                                                   torch.zeros_like(ws[rank])))
+        if rank == lost:
+            os._exit(0)
+    assert 1 <= buf._normal["bf16/fp8"][0].window_rows <= 8
+    assert buf.lost_ranks() == [lost]
+
+
+def test_shrink_under_a_byte_budget_goes_on_without_an_exited_rank():
+    run_ranks(_shrink_in_rounds, 3, allow_exit=(2,), timeout_s=90)
+
+
 def _options(rank, world):
     buf = _buffer()
     xs, idxs, ws = _inputs(8, world, 12, "random", torch.bfloat16)
