@@ -449,6 +449,8 @@ class transport : public proxy::rma_transport_base {
     proxy::completion_window writes;        // every data write to this peer, in issue order
     std::deque<deferred> held;
     std::deque<posted*> backlog;  // refused with -FI_EAGAIN, posted again in order
+    // When the exit scan first found its process gone (not masking).
+    std::optional<steady::time_point> exit_seen;
   };
 
   struct announcement {
@@ -1072,6 +1074,25 @@ class transport : public proxy::rma_transport_base {
          "peer process exited with " + std::to_string(dropped) + " writes to it still queued");
   }
 
+  // Without masking: operations to a peer that exited, still incomplete
+  // unanswered_grace after its exit was seen, never complete (over the shm
+  // provider the peer's own progress answers them), and a quiet would wait
+  // out its deadline: the transport fails, naming the peer. An answer the
+  // peer sent before it exited has had that long to be read (drain_cq runs
+  // first), so a peer that exits after the group is done fails nothing.
+  static constexpr std::chrono::milliseconds unanswered_grace{250};
+  void fail_if_unanswered(int peer) {
+    if (steady::now() - *peers_[peer].exit_seen < unanswered_grace) return;
+    std::size_t open = 0;
+    for (const auto& op : ops_.all) open += op->live && op->peer == peer ? 1 : 0;
+    open -= std::min(open, peers_[peer].backlog.size());  // queued: retry_backlog's
+    if (open != 0)
+      fail("libfabric write", peer,
+           "peer process exited with " + std::to_string(open) +
+               (open == 1 ? " operation" : " operations") + " to it unanswered for " +
+               std::to_string(unanswered_grace.count()) + " ms");
+  }
+
   void defer(int peer, const deferred& d) {
     peers_[peer].held.push_back(d);
     release_held(peer);
@@ -1104,12 +1125,18 @@ class transport : public proxy::rma_transport_base {
       progress_lane();  // an abort first: it names the root cause
     }
     drain_cq(cq_);
-    if (lost_.masking()) find_exited_peers([&](int p) { lose_peer(p, {}); });
+    if (lost_.masking())
+      find_exited_peers([&](int p) { lose_peer(p, {}); });
+    else
+      find_exited_peers([&](int p) {
+        if (!peers_[p].exit_seen) peers_[p].exit_seen = steady::now();
+      });
     std::optional<error> first;
     for (int p = 0; p < world_; ++p) {
       try {
         if (!peers_[p].backlog.empty()) retry_backlog(p);
         if (!peers_[p].held.empty()) release_held(p);
+        if (peers_[p].exit_seen) fail_if_unanswered(p);
       } catch (const error& e) {
         if (!first) first = e;
       }
