@@ -7,11 +7,26 @@
 
 using namespace epcomm;
 
+namespace {
+
+// A 1 s deadline and a stall of 4 s that outlasts it.
+const test::faults::timing shm_timing{std::chrono::milliseconds(1'000),
+                                      std::chrono::milliseconds(4'000),
+                                      std::chrono::milliseconds(2'500)};
+
+}  // namespace
+
 TEST_CASE("fault matrix over the shm transport: {exit, stall, drop} x protocol points") {
   using namespace test::faults;
-  run_matrix<shm::transport>(every_action, every_point,
-                             {std::chrono::milliseconds(1'000), std::chrono::milliseconds(4'000),
-                              std::chrono::milliseconds(2'500)});
+  run_matrix<shm::transport>(every_action, every_point, shm_timing);
+}
+
+// Calls in rounds under a byte budget (windows of 4 rows per peer, 5 rounds
+// or so a call): a fault between rounds of dispatch or combine.
+TEST_CASE("fault matrix over the shm transport, calls in windows") {
+  using namespace test::faults;
+  run_matrix<shm::transport>(every_action, {fault::point::mid_dispatch, fault::point::mid_combine},
+                             shm_timing, 4);
 }
 
 TEST_CASE("a malformed fault spec is an error, not a silently disarmed fault") {

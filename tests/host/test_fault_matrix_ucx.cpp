@@ -23,3 +23,11 @@ TEST_CASE("fault matrix over UCX: {stall, drop} x protocol points") {
 TEST_CASE("fault matrix over UCX: exit x protocol points") {
   test::faults::run_matrix<ucx::transport>({fault::action::exit}, every_point);
 }
+
+// Calls in rounds under a byte budget (windows of 4 rows per peer): a victim
+// lost between rounds, where survivors wait for room in its windows too.
+TEST_CASE("fault matrix over UCX, calls in windows: {exit, drop} x mid-call points") {
+  test::faults::run_matrix<ucx::transport>({fault::action::exit, fault::action::drop},
+                                           {fault::point::mid_dispatch, fault::point::mid_combine},
+                                           {}, 4);
+}

@@ -9,6 +9,7 @@
 // lost in dispatch or combine exits after the first of them.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,8 @@
 #include "epcomm/bootstrap/local.hpp"
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/normal/buffer.hpp"
-#include "epcomm/normal/wire.hpp"
+#include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/normal/window.hpp"
 #include "epcomm/shm/transport.hpp"
 #include "support/exit_codes.hpp"
 #include "support/reference.hpp"
@@ -58,23 +60,12 @@ buffer_config masked_config(const shape& s, std::chrono::milliseconds timeout) {
 constexpr int window_rows = 3;
 
 // masked_config's buffer for Token held to a window of window_rows rows per
-// peer: the budget of that window's regions, planned as the engine plans
-// them over shared memory (the test checks the window it got).
+// peer (the test checks the window it got).
 template <token_type Token>
 buffer_config windowed_config(const shape& s, std::chrono::milliseconds timeout) {
   buffer_config cfg = masked_config(s, timeout);
-  const wire::capacity window{s.world,
-                              s.experts,
-                              s.hidden,
-                              s.topk,
-                              s.tokens,
-                              s.world * s.tokens,
-                              s.tokens * std::min(s.topk, s.world),
-                              static_cast<int>(sizeof(Token)),
-                              static_cast<int>(sizeof(combine_type_t<Token>)),
-                              token_traits<Token>::has_scales,
-                              window_rows};
-  cfg.max_buffer_bytes = wire::plan_regions(window, false, true).total;
+  cfg.max_buffer_bytes =
+      wire::budget_for_window(whole_capacity<Token>(cfg, s.world), window_rows, false);
   return cfg;
 }
 

@@ -51,6 +51,7 @@ TEST_CASE("a budget leaves the most rows per peer that fit, or none") {
     const std::size_t whole = wire::plan_regions(cap, staging, !staging).total;
     CHECK(wire::window_for_budget(cap, 0, staging, !staging) == 0);      // no budget
     CHECK(wire::window_for_budget(cap, whole, staging, !staging) == 0);  // whole calls fit
+    CHECK(wire::budget_for_window(cap, 3, staging) == total_with(3, staging));
     CHECK(wire::window_for_budget(cap, total_with(3, staging), staging, !staging) == 3);
     CHECK(wire::window_for_budget(cap, total_with(3, staging) - 1, staging, !staging) == 2);
     CHECK(wire::window_for_budget(cap, total_with(1, staging) - 1, staging, !staging) == -1);

@@ -96,10 +96,9 @@ int check_byte_budget(local_bootstrap& boot) {
   const buffer_config whole_cfg = case_config(3, 256);
   windowed_buffer whole(boot, whole_cfg);
   // The budget of a window of 3 rows per peer, as the engine plans it.
-  wire::capacity three = whole.capacity();
-  three.window_rows = 3;
   buffer_config cfg = whole_cfg;
-  cfg.max_buffer_bytes = wire::plan_regions(three, !peer_mapped_transport<Transport>).total;
+  cfg.max_buffer_bytes =
+      wire::budget_for_window(whole.capacity(), 3, !peer_mapped_transport<Transport>);
   windowed_buffer win(boot, cfg);
   if (win.capacity().window_rows != 3 ||
       win.transport().local_buffer().size() > cfg.max_buffer_bytes ||

@@ -23,6 +23,8 @@
 
 #include "epcomm/host/fault_injection.hpp"
 #include "epcomm/low_latency/buffer.hpp"
+#include "epcomm/normal/capacity_agreement.hpp"
+#include "epcomm/normal/window.hpp"
 #include "support/run_case.hpp"
 
 namespace epcomm::test::faults {
@@ -129,10 +131,13 @@ void note_setup(report& out, Transport& t, steady::time_point began) {
 }
 
 // What every rank runs: two rounds (the fault fires in the second), then,
-// on the survivors, a new group without the victim.
+// on the survivors, a new group without the victim. `window_rows` > 0: the
+// normal-mode buffer's byte budget leaves that many rows per peer, so its
+// calls move in rounds (normal/window.hpp) and a fault mid-dispatch or
+// mid-combine fires after the first of them.
 template <class Transport>
 int run_rank(local_bootstrap& boot, fault::action what, fault::point at, const timing& tm,
-             report& out) {
+             report& out, int window_rows = 0) {
   const int rank = boot.rank();
   const int world = boot.world_size();
   shape s{world, 32, 256, 2, 2 * world, routing::random, 1};
@@ -160,9 +165,18 @@ int run_rank(local_bootstrap& boot, fault::action what, fault::point at, const t
       note_setup(out, buf.transport(), start);
       for (int round = 0; round < 2; ++round) timed([&] { low_latency_round(buf, s, rank); });
     } else {
-      buffer<Transport, bf16> buf(
-          boot, {s.experts, s.hidden, s.topk, s.tokens, 0, tm.deadline, false, setup_timeout});
+      buffer_config cfg{s.experts, s.hidden,    s.topk, s.tokens,
+                        0,         tm.deadline, false,  setup_timeout};
+      if (window_rows > 0)
+        cfg.max_buffer_bytes = wire::budget_for_window(
+            whole_capacity<bf16>(cfg, world), window_rows, !peer_mapped_transport<Transport>);
+      buffer<Transport, bf16> buf(boot, cfg);
       note_setup(out, buf.transport(), start);
+      if (buf.capacity().window_rows != window_rows) {
+        std::fprintf(stderr, "rank %d: a window of %d rows instead of %d\n", rank,
+                     buf.capacity().window_rows, window_rows);
+        return wrong_result;
+      }
       for (int round = 0; round < 2; ++round, ++s.seed)
         if (auto e = timed([&] { return normal_round(buf, s, rank); }); !e.empty()) {
           std::fprintf(stderr, "rank %d: wrong result before the fault: %s\n", rank, e.c_str());

@@ -22,25 +22,29 @@
 namespace epcomm::test::faults {
 
 // One cell: runs the group with the fault armed, checks every rank's
-// outcome, and reports the survivors' errors and times.
+// outcome, and reports the survivors' errors and times. `window_rows`: see
+// run_rank.
 template <class Transport>
-void run_cell(fault::action what, fault::point at, const timing& tm) {
+void run_cell(fault::action what, fault::point at, const timing& tm, int window_rows) {
   const int world = 3;
   const std::string spec = fault_spec(what, at, tm);
   CAPTURE(spec);
+  CAPTURE(window_rows);
   shared_reports reports;
   const auto begin = steady::now();
-  const std::vector<int> codes =
-      launch_local(world,
-                   [&](local_bootstrap& boot) {
-                     setenv("EPCOMM_FAULT", spec.c_str(), 1);
-                     return run_rank<Transport>(boot, what, at, tm, reports[boot.rank()]);
-                   },
-                   {std::chrono::seconds(60) + 2 * setup_timeout});
+  const std::vector<int> codes = launch_local(
+      world,
+      [&](local_bootstrap& boot) {
+        setenv("EPCOMM_FAULT", spec.c_str(), 1);
+        return run_rank<Transport>(boot, what, at, tm, reports[boot.rank()], window_rows);
+      },
+      {std::chrono::seconds(60) + 2 * setup_timeout});
   const auto elapsed = steady::now() - begin;
 
   std::ostringstream summary;
-  summary << reports[0].transport << " " << fault::name(what) << " @ " << fault::name(at) << ":";
+  summary << reports[0].transport << " " << fault::name(what) << " @ " << fault::name(at);
+  if (window_rows > 0) summary << " (windows of " << window_rows << " rows)";
+  summary << ":";
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     const report& rep = reports[r];
@@ -83,9 +87,9 @@ void run_cell(fault::action what, fault::point at, const timing& tm) {
 // Every (action, point) pair of the lists.
 template <class Transport>
 void run_matrix(const std::vector<fault::action>& actions, const std::vector<fault::point>& points,
-                const timing& tm = {}) {
+                const timing& tm = {}, int window_rows = 0) {
   for (auto at : points)
-    for (auto what : actions) run_cell<Transport>(what, at, tm);
+    for (auto what : actions) run_cell<Transport>(what, at, tm, window_rows);
 }
 
 }  // namespace epcomm::test::faults

@@ -30,6 +30,32 @@ struct engine_support {
   bool in_place_combine = false;
 };
 
+// Rows a rank of `cfg` can receive in one dispatch (max_recv_tokens, or
+// every rank's whole max_tokens_per_rank), before the int32 check.
+inline long long recv_rows(const buffer_config& cfg, int world) {
+  return cfg.max_recv_tokens > 0 ? cfg.max_recv_tokens
+                                 : static_cast<long long>(world) * cfg.max_tokens_per_rank;
+}
+
+// The capacity of a buffer of `cfg` serving Tokens on `world` ranks, its
+// regions sized for whole calls (no window): the plan agree_capacity starts
+// from. Meaningful for a config agree_capacity accepts.
+template <token_type... Tokens>
+wire::capacity whole_capacity(const buffer_config& cfg, int world) {
+  const long long recv = recv_rows(cfg, world);
+  return {world,
+          cfg.num_experts,
+          cfg.max_hidden,
+          cfg.max_topk,
+          cfg.max_tokens_per_rank,
+          static_cast<int>(recv),
+          cfg.max_tokens_per_rank * std::min(cfg.max_topk, world),
+          static_cast<int>(std::max({sizeof(Tokens)...})),
+          static_cast<int>(std::max({sizeof(combine_type_t<Tokens>)...})),
+          (token_traits<Tokens>::has_scales || ...),
+          0};
+}
+
 // Tokens: the types the buffer serves; regions are sized for the widest
 // (wire::capacity's token and combine bytes, scales if any type has them).
 // With cfg.max_buffer_bytes, the capacity's window is the one that budget
@@ -55,9 +81,7 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::mi
   checks.need_topk_within_experts(cfg.max_topk, cfg.num_experts);
   checks.need(cfg.max_tokens_per_rank >= 0, "max_tokens_per_rank must be >= 0");
   checks.need(cfg.max_recv_tokens >= 0, "max_recv_tokens must be >= 0");
-  const long long recv = cfg.max_recv_tokens > 0
-                             ? cfg.max_recv_tokens
-                             : static_cast<long long>(world) * cfg.max_tokens_per_rank;
+  const long long recv = recv_rows(cfg, world);
   checks.need(recv <= std::numeric_limits<std::int32_t>::max(), "max_recv_tokens overflows int32");
   checks.need(cfg.max_blocks == 0 || cfg.max_blocks >= 2,
               "max_blocks must be 0 (two per SM) or >= 2 (a receiving and a sending block)");
@@ -69,17 +93,7 @@ wire::capacity agree_capacity(B& boot, const buffer_config& cfg, std::chrono::mi
               "max_buffer_bytes needs the flat host engine (the device buffer and the "
               "hierarchical engine size their regions for a whole call)");
 
-  const wire::capacity whole{world,
-                             cfg.num_experts,
-                             cfg.max_hidden,
-                             cfg.max_topk,
-                             cfg.max_tokens_per_rank,
-                             static_cast<int>(recv),
-                             cfg.max_tokens_per_rank * std::min(cfg.max_topk, world),
-                             static_cast<int>(std::max({sizeof(Tokens)...})),
-                             static_cast<int>(std::max({sizeof(combine_type_t<Tokens>)...})),
-                             (token_traits<Tokens>::has_scales || ...),
-                             0};
+  const wire::capacity whole = whole_capacity<Tokens...>(cfg, world);
   wire::capacity cap = whole;
   if (checks.cause().empty()) {
     cap.window_rows = wire::window_for_budget(whole, cfg.max_buffer_bytes, engine.staging,

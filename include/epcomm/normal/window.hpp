@@ -47,6 +47,13 @@ EPCOMM_HD constexpr window_slice slice_of(int count, int round, int window_rows)
   return {first, left <= 0 ? 0 : (left < window_rows ? left : window_rows)};
 }
 
+// The bytes a buffer of capacity `c` takes with a window of `rows` rows per
+// peer: the budget that buys that window (window_for_budget's inverse).
+EPCOMM_HD constexpr std::size_t budget_for_window(capacity c, int rows, bool staging) {
+  c.window_rows = rows;
+  return plan_regions(c, staging).total;
+}
+
 // The window a buffer of capacity `c` gets within `budget` bytes, for the
 // plan options the engine uses: 0 when the budget is 0 (none) or the regions
 // for a whole call fit; else the most rows per peer that fit, -1 when not
