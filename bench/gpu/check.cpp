@@ -222,9 +222,12 @@ int main(int argc, char** argv) {
     check(run("low-latency correctness fp8_e4m3", world,
               [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3>(b, opt.quick); }));
     check(run("low-latency bf16 and fp8 on one buffer", world, check_ll_wires_rank<>));
-    if (world >= 2)
-      check(run("low-latency absent peer: deadline, then the abort relay", world,
-                check_ll_absent_peer<>));
+    if (world < 2) continue;
+    check(run("low-latency absent peer: deadline, then the abort relay", world,
+              check_ll_absent_peer<>));
+    for (const ll_loss how : {ll_loss::after_a_call, ll_loss::at_dispatch, ll_loss::before_combine})
+      check(run("low-latency mask_lost_ranks: a rank leaves", world,
+                [how](local_bootstrap& b) { return check_ll_lost_rank<>(b, how); }));
   }
   // Between nodes: the same kernels through the GPU-fed proxy, both modes
   // (their quick scenarios), on loopback unless FI_PROVIDER / UCX_TLS say
@@ -251,6 +254,9 @@ int main(int argc, char** argv) {
       check(run("low-latency over libfabric fp8_e4m3", world,
                 [&](local_bootstrap& b) { return check_ll_rank<fp8_e4m3, fabric>(b, true); }));
       check(run("low-latency over libfabric: absent peer", world, check_ll_absent_peer<fabric>));
+      check(run("low-latency over libfabric: mask_lost_ranks", world, [](local_bootstrap& b) {
+        return check_ll_lost_rank<fabric>(b, ll_loss::at_dispatch);
+      }));
       check(run("low-latency over libfabric: bf16 and fp8 on one buffer", world,
                 check_ll_wires_rank<fabric>));
     }

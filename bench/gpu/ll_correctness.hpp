@@ -196,6 +196,7 @@ std::string compare_combine_wire(Engines& e, int p) {
 template <class Wire>
 struct ll_flight {
   test::ll_call call;
+  test::ll_call reference;  // what the reference checks against: `call` unless a rank was lost
   ll_device_call din;
   bool zero_copy;
   ll_dispatch_result<Wire> hres{};
@@ -205,7 +206,10 @@ struct ll_flight {
   std::span<const bf16> hy{};
 
   ll_flight(const test::ll_call& c, int rank, bool zero_copy_, int misalign = 0)
-      : call(c), din(c.in[rank], c.tokens[rank], c.topk, misalign), zero_copy(zero_copy_) {}
+      : call(c),
+        reference(c),
+        din(c.in[rank], c.tokens[rank], c.topk, misalign),
+        zero_copy(zero_copy_) {}
 };
 
 template <class Wire>
@@ -220,7 +224,7 @@ std::string after_dispatch(Engines& e, ll_flight<Wire>& f) {
   e.dev.synchronize(e.stream);
   const wire::ll::shape s = wire::ll::call_shape<Wire>(e.shape());
   const ll_snapshot<Wire> d(f.dres, s);
-  if (auto err = test::check_ll_dispatch(f.call, e.rank, s.world_size, s.max_tokens_per_rank,
+  if (auto err = test::check_ll_dispatch(f.reference, e.rank, s.world_size, s.max_tokens_per_rank,
                                          e.round, d.view(), s.scale_layout);
       !err.empty())
     return "dispatch: " + err;
@@ -267,7 +271,7 @@ std::string after_combine(Engines& e, const ll_flight<Wire>& f, std::span<const 
   const std::size_t n = static_cast<std::size_t>(f.call.tokens[e.rank]) * e.shape().hidden;
   const auto got = device_array<bf16>::read(dout, n);
   if (!same_bytes<bf16>(got, hout)) return "combine output differs from the host engine's";
-  if (auto err = test::check_ll_combine<Wire>(f.call, e.rank, e.round, got); !err.empty())
+  if (auto err = test::check_ll_combine<Wire>(f.reference, e.rank, e.round, got); !err.empty())
     return "combine: " + err;
   return compare_combine_wire(e, f.hres.handle.parity);
 }
@@ -638,6 +642,80 @@ int check_ll_absent_peer(local_bootstrap& boot) {
     boot.barrier(deadline::after(std::chrono::seconds(120)));
   }
   return code;
+}
+
+// When the lost rank of check_ll_lost_rank goes, counted in its own calls.
+enum class ll_loss {
+  after_a_call,    // returns after its first call: its buffers and transports close
+  at_dispatch,     // exits as its second dispatch starts (the survivors are in theirs)
+  before_combine,  // exits once its second dispatch has landed everywhere, before combining
+};
+
+// mask_lost_ranks on the device path: the last rank leaves as `how` says and
+// the survivors go on without it, the device engine as the host engine does
+// (over shm, in the same processes, masking it too): every later call
+// matches it byte for byte and the reference without the lost rank's
+// experts, both count the contributions that implies, and both name the
+// rank in lost_ranks().
+template <class Link = nvlink_ipc::transport>
+int check_ll_lost_rank(local_bootstrap& boot, ll_loss how) {
+  rank_check rc(boot.rank());
+  const int rank = rc.rank, world = boot.world_size();
+  const int lost = world - 1;
+  constexpr int hidden = 256, topk = 4, tokens = 12;
+  low_latency_config cfg{2 * world, hidden, topk, 16, false, std::chrono::seconds(30)};
+  cfg.mask_lost_ranks = true;
+  const int el = cfg.num_experts / world;
+  const auto make = [&](std::uint64_t seed) {
+    return test::make_ll_call(world, hidden, topk, cfg.num_experts, std::vector<int>(world, tokens),
+                              test::routing::random, seed);
+  };
+  const auto note = [&](int call, const std::string& err) {
+    rc.note("ll lost rank, call " + std::to_string(call), err);
+  };
+  ll_engines<bf16, Link> e(boot, cfg, rc.stream);
+  note(0, run_ll_call(e, make(60), false));
+  // Every rank has its first call's results: the loss falls within the later calls.
+  boot.barrier(deadline::after(std::chrono::seconds(60)));
+  if (rank == lost && how == ll_loss::after_a_call) return rc.exit_code();
+  if (rank == lost && how == ll_loss::at_dispatch) std::_Exit(rc.exit_code());
+  std::uint64_t masked = 0;  // contributions of this rank that the reference leaves out
+  for (int i = 1; i < 4 && rc.failures == 0; ++i) {
+    ll_flight<bf16> f(make(60 + i), rank, i % 2 == 0);
+    // Before its combine, the lost rank's dispatch was whole.
+    const bool dispatched_whole = how == ll_loss::before_combine && i == 1;
+    if (!dispatched_whole) masked += test::without_rank(f.reference, lost, el, rank);
+    try {
+      f.hres = e.host.low_latency_dispatch(host_input(f, rank));
+      f.dres = e.dev.dispatch(f.din.dispatch(), e.stream);
+      note(i, after_dispatch(e, f));
+      if (dispatched_whole) {
+        boot.barrier(deadline::after(std::chrono::seconds(60)));  // every dispatch has landed
+        if (rank == lost) std::_Exit(rc.exit_code());
+      }
+      masked += test::without_rank(f.reference, lost, el, rank);  // 0 once applied
+      const auto hout = e.host.low_latency_combine(host_combine(f, rank), f.hres.handle);
+      const bf16* dout = e.dev.combine(device_combine(e, f), f.dres.handle, e.stream).out;
+      note(i, after_combine(e, f, hout, dout));
+    } catch (const error& ex) {
+      note(i, std::string("threw: ") + ex.what());
+    }
+  }
+  if (rc.failures != 0) return rc.exit_code();
+  const std::uint64_t on_device = e.dev.stats(rc.stream).masked_contributions;
+  const std::uint64_t on_host = e.host.stats().masked_contributions;
+  if (on_device != masked || on_host != masked)
+    note(3, "masked contributions: device " + std::to_string(on_device) + ", host engine " +
+                std::to_string(on_host) + ", expected " + std::to_string(masked));
+  for (const auto& [engine, ranks] :
+       {std::pair{"device", e.dev.lost_ranks()}, std::pair{"host", e.host.lost_ranks()}})
+    if (ranks != std::vector<int>{lost})
+      note(3, std::string(engine) + " engine's lost_ranks() names " + std::to_string(ranks.size()) +
+                  " ranks, not rank " + std::to_string(lost) + " alone");
+  // Random routing must have reached the lost rank's experts: otherwise
+  // nothing above was masked and the checks prove nothing.
+  if (masked == 0) note(3, "no contribution was masked");
+  return rc.exit_code();
 }
 
 }  // namespace epcomm::gpu_check

@@ -16,6 +16,13 @@
 #include "ll_wires.hpp"
 #include "mixed_types.hpp"
 
+#if defined(EPCOMM_TEST_LIBFABRIC)
+#include "epcomm/libfabric/transport.hpp"
+#endif
+#if defined(EPCOMM_TEST_UCX)
+#include "epcomm/ucx/transport.hpp"
+#endif
+
 namespace {
 
 using namespace epcomm;
@@ -78,3 +85,49 @@ EPCOMM_BUDGET_CASE("low-latency", check_ll_rank, fp8_e4m3, 2, 5)
 TEST_CASE("normal absent peer on 3 ranks") { on_ranks(3, check_absent_peer<>); }
 
 TEST_CASE("low-latency absent peer on 3 ranks") { on_ranks(3, check_ll_absent_peer<>); }
+
+// mask_lost_ranks: the kernels go on without a rank that leaves, as the host
+// engine does (ll_correctness.hpp: check_ll_lost_rank).
+#define EPCOMM_LL_LOSS_CASE(HOW, SAYS)                                                     \
+  TEST_CASE("low-latency masks a rank that leaves " SAYS " on 3 ranks") {                  \
+    on_ranks(3, [](local_bootstrap& b) { return check_ll_lost_rank<>(b, ll_loss::HOW); }); \
+  }
+
+EPCOMM_LL_LOSS_CASE(after_a_call, "after a call")
+EPCOMM_LL_LOSS_CASE(at_dispatch, "as its dispatch starts")
+EPCOMM_LL_LOSS_CASE(before_combine, "before its combine")
+
+// Through the GPU-fed proxy over libfabric and UCX (the provider or
+// transports the test's environment names, on loopback): the kernels stage in
+// this rank's buffer, in host memory here as for a fabric library without
+// CUDA support (check_rma_memory), and hand puts to the proxy thread. Named
+// "proxy ..." so that the per-mode runs above leave them to a run with that
+// environment.
+#if defined(EPCOMM_TEST_LIBFABRIC)
+using fabric = epcomm::libfabric::transport;
+
+TEST_CASE("proxy: normal bf16 over libfabric on 2 ranks") {
+  on_ranks(2, [](local_bootstrap& b) { return check_rank<bf16, fabric>(b, true); });
+}
+TEST_CASE("proxy: low-latency bf16 over libfabric on 3 ranks") {
+  on_ranks(3, [](local_bootstrap& b) { return check_ll_rank<bf16, fabric>(b, true); });
+}
+TEST_CASE("proxy: low-latency over libfabric masks a rank that leaves as its dispatch starts") {
+  on_ranks(3,
+           [](local_bootstrap& b) { return check_ll_lost_rank<fabric>(b, ll_loss::at_dispatch); });
+}
+TEST_CASE("proxy: low-latency over libfabric masks a rank that leaves before its combine") {
+  on_ranks(
+      3, [](local_bootstrap& b) { return check_ll_lost_rank<fabric>(b, ll_loss::before_combine); });
+}
+#endif
+#if defined(EPCOMM_TEST_UCX)
+TEST_CASE("proxy: low-latency bf16 over ucx on 3 ranks") {
+  on_ranks(3, [](local_bootstrap& b) { return check_ll_rank<bf16, ucx::transport>(b, true); });
+}
+TEST_CASE("proxy: low-latency over ucx masks a rank that leaves as its dispatch starts") {
+  on_ranks(3, [](local_bootstrap& b) {
+    return check_ll_lost_rank<ucx::transport>(b, ll_loss::at_dispatch);
+  });
+}
+#endif

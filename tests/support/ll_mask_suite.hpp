@@ -16,21 +16,6 @@
 
 namespace epcomm::test::ll {
 
-// `call` as the survivors see it once rank `lost` is gone: it sends nothing,
-// and every (token, top-k slot) routed to one of its experts contributes
-// nothing, like an unrouted slot. Returns how many such slots `rank` has.
-inline std::uint64_t without_rank(test::ll_call& call, int lost, int local_experts, int rank) {
-  call.tokens[lost] = 0;
-  std::uint64_t masked = 0;
-  for (std::size_t r = 0; r < call.in.size(); ++r)
-    for (auto& e : call.in[r].topk_idx)
-      if (e >= 0 && e / local_experts == lost) {
-        e = -1;
-        if (static_cast<int>(r) == rank) ++masked;
-      }
-  return masked;
-}
-
 inline low_latency_config masked_config(const ll_case& c, std::chrono::milliseconds timeout) {
   low_latency_config cfg = config_of(c);
   cfg.timeout = timeout;

@@ -25,6 +25,21 @@ struct ll_call {
   std::vector<int> tokens;           // [R]
 };
 
+// `call` as the survivors see it once rank `lost` is gone: it sends nothing,
+// and every (token, top-k slot) routed to one of its experts contributes
+// nothing, like an unrouted slot. Returns how many such slots `rank` has.
+inline std::uint64_t without_rank(test::ll_call& call, int lost, int local_experts, int rank) {
+  call.tokens[lost] = 0;
+  std::uint64_t masked = 0;
+  for (std::size_t r = 0; r < call.in.size(); ++r)
+    for (auto& e : call.in[r].topk_idx)
+      if (e >= 0 && e / local_experts == lost) {
+        e = -1;
+        if (static_cast<int>(r) == rank) ++masked;
+      }
+  return masked;
+}
+
 // Regenerates one call's inputs on every rank: rank r has tokens[r] tokens;
 // with repeat_expert the last top-k slot repeats the first, so a token names
 // one expert twice (two rows there, two contributions in combine).

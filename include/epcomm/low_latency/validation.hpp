@@ -72,9 +72,8 @@ requires(sizeof...(Wires) > 0) wire::ll::shape
               "world_size * max_tokens_per_rank overflows int32");
   checks.need(cfg.max_blocks >= 0, "max_blocks must be >= 0 (0: two per SM)");
   checks.need(!cfg.mask_lost_ranks || can_mask_lost_ranks,
-              "mask_lost_ranks needs the host engine over a transport that can tell a peer's "
-              "exit and go on without it (shm, libfabric, UCX over transports that report peer "
-              "failures)");
+              "mask_lost_ranks needs a transport that can tell a peer's exit and go on without "
+              "it (shm, nvlink_ipc, libfabric, UCX over transports that report peer failures)");
   checks.need(local_cause.empty(), local_cause);
 
   const config_record mine{checks.cause().empty() ? 1 : 0,

@@ -427,6 +427,25 @@ cudaError_t cudaFreeHost(void* pointer) {
   return cc::status();
 }
 
+// Mapped pinned memory (the GPU-fed proxy's rings, counters and host-memory
+// buffers) is host memory too, at the same address on the "device".
+cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int) {
+  return cudaMallocHost(pointer, bytes);
+}
+
+cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cc::status(); }
+
+cudaError_t cudaHostUnregister(void*) { return cc::status(); }
+
+cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int) {
+  *device = host;
+  return cc::status();
+}
+
+// The "device" is on no PCIe bus: the libfabric transport then chooses its
+// NIC as for host memory.
+cudaError_t cudaDeviceGetPCIBusId(char*, int, int) { return cudaErrorNotSupported; }
+
 // The synchronous copies run on the legacy default stream.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   cc::drain(false);

@@ -16,6 +16,9 @@
 //            their weights in top-k slot order, in fp32 (weighted_add: never
 //            fused), rounded to bf16 once: the host engine's bits. The last
 //            block judges the call (combine_verdict) and updates the stats.
+//
+// With mask_lost_ranks a rank that exited gets no rows and, once the kernels
+// find it gone, its experts' contributions are left out: lost_peers.cuh.
 #pragma once
 
 #include <climits>
@@ -31,6 +34,7 @@ __global__ void __launch_bounds__(ll_threads)
     ll_combine_send_kernel(const __grid_constant__ ll_args a) {
   extern __shared__ int first_row[];         // [E_local + 1] packed rows before each local expert
   __shared__ unsigned long long first_diff;  // lowest topk_idx entry that differs
+  __shared__ ll_gone gone;
   const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
   if (ll_is_broken(rep)) return;
   const int el = s.local_experts();
@@ -67,7 +71,7 @@ __global__ void __launch_bounds__(ll_threads)
     }
     if (lane == 0) first_row[el] = carry;
   }
-  __syncthreads();
+  ll_look_for_exits(a, gone);  // its barrier also publishes first_row
   const bool valid = a.host_cause[0] == '\0' && dispatched && first_diff == ULLONG_MAX;
 
   if (valid) {
@@ -88,6 +92,7 @@ __global__ void __launch_bounds__(ll_threads)
       const std::size_t row =
           static_cast<std::size_t>(lo) * s.rows_per_expert() + (g - first_row[lo]);
       const wire::ll::source from = from_of[row];
+      if (gone.exited[from.rank]) continue;  // a lost rank's rows are not sent
       std::byte* dst = ll_region(a, from.rank, a.plan.combine_recv) +
                        wire::ll::combine_row(s, from.token, from.topk_slot) * row_bytes;
       if (a.route.via_proxy != 0 && from.rank != rank) {
@@ -132,6 +137,7 @@ __global__ void __launch_bounds__(ll_threads)
   const auto* ranges =
       reinterpret_cast<const wire::ll::range*>(ll_region(a, rank, a.plan.recv_range));
   for (int r = threadIdx.x; r < world; r += blockDim.x) {
+    if (gone.exited[r]) continue;
     int rows = 0;
     if (valid)
       for (int le = 0; le < el; ++le)
@@ -172,8 +178,9 @@ __global__ void __launch_bounds__(ll_threads)
 }
 
 // Block: out[t] = sum over routed slots j of weight[t][j] * row(t, j), in
-// slot order, in fp32, rounded to bf16 once. `rows` / `w` are shared arrays of
-// max_topk entries.
+// slot order, in fp32, rounded to bf16 once; a slot whose expert's rank was
+// lost is left out (and counted), as if its weight were 0. `rows` / `w` are
+// shared arrays of max_topk entries.
 template <int Hidden>
 __device__ void reduce_ll_token(const ll_args& a, int t, const std::byte** rows, float* w) {
   const wire::ll::shape& s = a.shape;
@@ -185,9 +192,14 @@ __device__ void reduce_ll_token(const ll_args& a, int t, const std::byte** rows,
       reinterpret_cast<const std::int64_t*>(ll_region(a, rank, a.plan.sent_topk_idx));
   const auto* weights = reinterpret_cast<const float*>(ll_region(a, rank, a.plan.combine_weights));
   const std::byte* returned = ll_region(a, rank, a.plan.combine_recv);
+  const std::uint64_t epoch = a.ws.combine_epoch[a.parity];
   for (int j = threadIdx.x; j < k; j += blockDim.x) {
     const std::size_t slot = wire::ll::combine_row(s, t, j);
-    rows[j] = sent[slot] >= 0 ? returned + slot * row_bytes : nullptr;
+    const std::int64_t e = sent[slot];
+    const bool lost =
+        e >= 0 && ll_lost_in(a, ll_part::combine, static_cast<int>(e / s.local_experts()), epoch);
+    if (lost) atomicAdd(reinterpret_cast<unsigned long long*>(a.ws.masked_contributions), 1ull);
+    rows[j] = e >= 0 && !lost ? returned + slot * row_bytes : nullptr;
     w[j] = weights[slot];
   }
   __syncthreads();
@@ -246,10 +258,11 @@ __device__ inline void finish_combine(const ll_args& a, std::uint64_t epoch, boo
     for (long long i = threadIdx.x; i < entries; i += blockDim.x) {
       const std::int64_t e =
           sent[wire::ll::combine_row(s, static_cast<int>(i / k), static_cast<int>(i % k))];
-      if (e >= 0) atomicAdd(&expected[e / per_rank], 1);
+      if (e >= 0) atomicAdd(&expected[e / per_rank], 1);  // a lost rank's are never read
     }
   __syncthreads();
   for (int r = threadIdx.x; r < world; r += blockDim.x) {
+    if (ll_lost_in(a, ll_part::combine, r, epoch)) continue;
     const ll_word c = classify_combine_word(words[r], epoch, self_ok, expected[r]);
     if (is_protocol_violation(c)) atomicMin(&first_violation, r);
     if (c == ll_word::rejected) atomicMin(&first_rejecting, r);
@@ -290,11 +303,14 @@ __global__ void __launch_bounds__(ll_threads)
     bool fine = true;
     for (int r = lane; r < world && ok; r += warp_size) {
       std::uint64_t waited = 0;
-      ok = ll_wait(ll_signal(a, rank, wire::ll::combine_signal(s, p, r)), epoch, a.timeout_ns, rep,
-                   abort_link_of(a), ll_op::combine, r, ll_waited_for::combined_rows, &waited);
+      const ll_peer got =
+          ll_wait_peer(a, ll_part::combine, ll_signal(a, rank, wire::ll::combine_signal(s, p, r)),
+                       epoch, r, ll_op::combine, ll_waited_for::combined_rows, &waited);
+      ok = got != ll_peer::failed;
       if (!ok) break;
       atomicMax(reinterpret_cast<unsigned long long*>(a.ws.wait_ns + world + r),
                 static_cast<unsigned long long>(waited));
+      if (got == ll_peer::lost) continue;  // reduce skips its rows
       // Rows are counted by the last block; here only whether to reduce.
       if (classify_combine_word(words[r], epoch, false, 0) != ll_word::ok) fine = false;
     }

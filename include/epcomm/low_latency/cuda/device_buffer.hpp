@@ -53,6 +53,7 @@
 #include "epcomm/cuda/device_calls.hpp"
 #include "epcomm/cuda/device_event.hpp"
 #include "epcomm/cuda/device_link.hpp"
+#include "epcomm/cuda/exit_watch.hpp"
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/low_latency/arguments.hpp"
 #include "epcomm/low_latency/cuda/checks.hpp"
@@ -122,6 +123,10 @@ class low_latency_device_buffer {
   static constexpr const char* dispatch_op = ll_dispatch_op;
   static constexpr const char* combine_op = ll_combine_op;
   static constexpr bool via_proxy = device_link<Transport>::via_proxy;
+  // As the host engine's: the kernels go on without a peer whose process
+  // exited, which an RMA transport must let its proxy do too.
+  static constexpr bool can_mask_lost_ranks =
+      via_proxy ? has_lost_peer_masking<Transport> : has_peer_exit<Transport>;
 
  public:
   using wire_type = Wire;
@@ -153,8 +158,9 @@ class low_latency_device_buffer {
         timeout_(effective_timeout(cfg.timeout)),
         round_scale_(cfg.round_scale),
         max_blocks_(cfg.max_blocks),
+        mask_lost_ranks_(cfg.mask_lost_ranks),
         shape_(agree_ll_shape<Wire, More...>(boot, cfg, setup_timeout_of(cfg),
-                                             device_limits(cfg, world_))),
+                                             device_limits(cfg, world_), can_mask_lost_ranks)),
         plan_(wire::ll::plan_buffer(shape_, via_proxy)),
         // A channel per parity, and one for the abort relay.
         link_(boot, plan_.total, ll_device_signal_slots(shape_),
@@ -164,6 +170,11 @@ class low_latency_device_buffer {
       require_peer_mapped(link_.transport(), rank_, world_, "low_latency_buffer",
                           "the device path needs every rank in one NVLink domain");
     allocate_workspace();
+    if constexpr (can_mask_lost_ranks)
+      if (mask_lost_ranks_) {
+        if constexpr (via_proxy) link_.transport().mask_lost_peers();
+        exit_watch_.start(link_.transport(), exited_, world_, rank_);
+      }
   }
 
   low_latency_device_buffer(const low_latency_device_buffer&) = delete;
@@ -298,28 +309,34 @@ class low_latency_device_buffer {
   // expert rank (combine), measured on the device. Reads them after the work
   // already on `stream` and on the communication stream.
   ll_stats stats(cudaStream_t stream = nullptr) {
-    calls_.join_comm(stream, "stats");
+    read_counters(stream, "stats");
     const int el = shape_.local_experts();
-    const std::size_t n = static_cast<std::size_t>(el) + 2 * static_cast<std::size_t>(world_);
-    calls_.check(cudaMemcpyAsync(host_stats_, ws_.recv_tokens, n * sizeof(std::uint64_t),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "stats", "cudaMemcpyAsync(stats)");
-    calls_.wait_stream(stream, "stats");
+    const std::size_t n = stats_words();
     ll_stats out;
     out.recv_tokens_per_expert.assign(host_stats_, host_stats_ + el);
     for (int r = 0; r < world_; ++r) {
       out.dispatch_wait.emplace_back(static_cast<std::int64_t>(host_stats_[el + r]));
       out.combine_wait.emplace_back(static_cast<std::int64_t>(host_stats_[el + world_ + r]));
     }
+    out.masked_contributions = host_stats_[n - 1];
     return out;
+  }
+
+  // mask_lost_ranks: the ranks the kernels went on without so far (their
+  // processes exited), ascending, after the work already on `stream` and on
+  // the communication stream; empty otherwise.
+  std::vector<int> lost_ranks(cudaStream_t stream = nullptr) {
+    read_counters(stream, "lost_ranks");
+    std::vector<int> ranks;
+    for (int r = 0; r < world_; ++r)
+      if (host_stats_[stats_words() + r] != 0) ranks.push_back(r);
+    return ranks;
   }
 
   void reset_stats(cudaStream_t stream = nullptr) {
     calls_.join_comm(stream, "stats");
-    const std::size_t n =
-        static_cast<std::size_t>(shape_.local_experts()) + 2 * static_cast<std::size_t>(world_);
-    calls_.check(cudaMemsetAsync(ws_.recv_tokens, 0, n * sizeof(std::uint64_t), stream), "stats",
-                 "cudaMemsetAsync(stats)");
+    calls_.check(cudaMemsetAsync(ws_.recv_tokens, 0, stats_words() * sizeof(std::uint64_t), stream),
+                 "stats", "cudaMemsetAsync(stats)");
   }
 
  private:
@@ -353,6 +370,24 @@ class low_latency_device_buffer {
     return {};
   }
 
+  // recv_tokens [E_local], dispatch_wait_sum [R], combine_wait_sum [R],
+  // masked_contributions, then lost [R]: contiguous, so that one copy reads
+  // them; reset_stats() clears the first stats_words().
+  std::size_t stats_words() const {
+    return static_cast<std::size_t>(shape_.local_experts()) + 2 * static_cast<std::size_t>(world_) +
+           1;
+  }
+
+  // The device's counters into host_stats_, after the work on `stream`.
+  void read_counters(cudaStream_t stream, const char* op) {
+    calls_.join_comm(stream, op);
+    const std::size_t n = stats_words() + static_cast<std::size_t>(world_);
+    calls_.check(cudaMemcpyAsync(host_stats_, ws_.recv_tokens, n * sizeof(std::uint64_t),
+                                 cudaMemcpyDeviceToHost, stream),
+                 op, "cudaMemcpyAsync(counters)");
+    calls_.wait_stream(stream, op);
+  }
+
   template <class T>
   T* local(int p, std::size_t offset) {
     return reinterpret_cast<T*>(link_.local_buffer() + wire::ll::parity_base(plan_, p) + offset);
@@ -370,7 +405,7 @@ class low_latency_device_buffer {
       for (int p = 0; p < wire::ll::parities; ++p)
         if (epochs[p] > 0)
           for (int r = 0; r < world_; ++r)
-            if (r != rank_ || !parity_[p].dispatch_pending)
+            if ((r != rank_ || !parity_[p].dispatch_pending) && !link_.transport().peer_exited(r))
               link_.transport().wait(
                   wire::ll::released_signal(shape_, p, r), epochs[p], dl,
                   {"low_latency_buffer teardown", r, "release of the last dispatch"});
@@ -471,23 +506,31 @@ class low_latency_device_buffer {
     const std::size_t done =
         regions.take(ll_kernel_count * wire::ll::parities * sizeof(std::uint32_t));
     const std::size_t waits = regions.take(2 * r * sizeof(std::uint64_t));
-    // recv_tokens, dispatch_wait_sum and combine_wait_sum are contiguous, so
-    // stats() reads them with one copy.
-    const std::size_t stats_bytes = (el + 2 * r) * sizeof(std::uint64_t);
-    const std::size_t stats = regions.take(stats_bytes);
-    calls_.allocate(regions, stats_bytes, "low_latency_buffer", [&](std::byte* w) {
+    const std::size_t decisions = regions.take(2 * wire::ll::parities * r * sizeof(std::uint64_t));
+    const std::size_t counter_bytes = (stats_words() + r) * sizeof(std::uint64_t);
+    const std::size_t counters = regions.take(counter_bytes);
+    // Pinned: the counters' copy, then the exit watch's words.
+    const std::size_t exited_bytes = r * sizeof(std::uint64_t);
+    calls_.allocate(regions, counter_bytes + exited_bytes, "low_latency_buffer", [&](std::byte* w) {
       ws_.dispatch_epoch = reinterpret_cast<std::uint64_t*>(w + epochs);
       ws_.combine_epoch = ws_.dispatch_epoch + 2;
       ws_.dispatch_ok = reinterpret_cast<std::int32_t*>(w + oks);
       ws_.combine_ok = ws_.dispatch_ok + 2;
       ws_.blocks_done = reinterpret_cast<std::uint32_t*>(w + done);
       ws_.wait_ns = reinterpret_cast<std::uint64_t*>(w + waits);
-      ws_.recv_tokens = reinterpret_cast<std::uint64_t*>(w + stats);
+      ws_.recv_tokens = reinterpret_cast<std::uint64_t*>(w + counters);
       ws_.dispatch_wait_sum = ws_.recv_tokens + el;
       ws_.combine_wait_sum = ws_.dispatch_wait_sum + r;
+      ws_.masked_contributions = ws_.combine_wait_sum + r;
+      ws_.lost = ws_.masked_contributions + 1;
+      ws_.peer_state = reinterpret_cast<std::uint64_t*>(w + decisions);
       ws_.rep = calls_.device_report();
     });
     host_stats_ = reinterpret_cast<std::uint64_t*>(calls_.host_extra());
+    exited_ = host_stats_ + stats_words() + r;
+    // Kernels read the words in place (pinned memory is mapped into the
+    // device at the same address).
+    ws_.exited = mask_lost_ranks_ ? exited_ : nullptr;
   }
 
   int rank_;
@@ -495,6 +538,7 @@ class low_latency_device_buffer {
   std::chrono::milliseconds timeout_;
   bool round_scale_;
   int max_blocks_;
+  bool mask_lost_ranks_;
   wire::ll::shape shape_;
   wire::ll::plan plan_;
   device_link<Transport> link_;
@@ -503,6 +547,8 @@ class low_latency_device_buffer {
   int next_parity_ = 0;
   ll_workspace ws_{};
   std::uint64_t* host_stats_ = nullptr;  // pinned, after the host report
+  std::uint64_t* exited_ = nullptr;      // [R] pinned, after the counters' copy (exit_watch)
+  exit_watch exit_watch_;                // stops before the memory and transport go
 };
 
 }  // namespace epcomm::cuda

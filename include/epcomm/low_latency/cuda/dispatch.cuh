@@ -25,6 +25,9 @@
 //            records into recv_x / recv_x_scales / recv_src / recv_range /
 //            recv_count. The last block judges the call (dispatch_verdict),
 //            updates the stats, and releases the parity to every source.
+//
+// With mask_lost_ranks a rank that exited gets nothing and, once the kernels
+// find it gone, adds nothing: lost_peers.cuh.
 #pragma once
 
 #include <climits>
@@ -97,8 +100,10 @@ __device__ void stage_body(const ll_args& a, int t, std::byte* body) {
 
 // Warp 0: the slot of each (t, j) in its region, in the host engine's order
 // (the running per-expert counts `next` start at the block's first token),
-// the header at every destination record, and what this rank dispatched.
-__device__ inline void aim_token(const ll_args& a, int t, int* next, std::byte** dest) {
+// the header at every destination record (none on a rank that exited), and
+// what this rank dispatched.
+__device__ inline void aim_token(const ll_args& a, int t, int* next, std::byte** dest,
+                                 const ll_gone& gone) {
   const wire::ll::shape& s = a.shape;
   const int lane = threadIdx.x % warp_size;
   const int k = a.topk;
@@ -120,8 +125,8 @@ __device__ inline void aim_token(const ll_args& a, int t, int* next, std::byte**
     if (j >= k) continue;
     sent[wire::ll::combine_row(s, t, j)] = e;
     std::byte* rec = nullptr;
-    if (routed) {
-      const int dst = static_cast<int>(e / per_rank);
+    const int dst = routed ? static_cast<int>(e / per_rank) : 0;
+    if (routed && !gone.exited[dst]) {  // a lost rank's records are not sent
       const int le = static_cast<int>(e % per_rank);
       // Over RMA a record for another rank is staged by destination expert.
       rec = a.route.via_proxy != 0 && dst != rank
@@ -156,6 +161,7 @@ __global__ void __launch_bounds__(ll_threads)
   extern __shared__ __align__(16) std::byte smem[];
   __shared__ unsigned long long first_bad;  // lowest invalid topk_idx entry
   __shared__ int first_overflow;            // lowest expert named more often than it has slots
+  __shared__ ll_gone gone;
   const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
   if (ll_is_broken(rep)) return;
   const int experts = s.num_experts;
@@ -176,9 +182,13 @@ __global__ void __launch_bounds__(ll_threads)
 
   bool ok = true;
   if (epoch > 1 && warp == 0)
-    for (int r = lane; r < world && ok; r += warp_size)
+    for (int r = lane; r < world && ok; r += warp_size) {
+      bool exited = false;  // a rank that exited releases nothing, and reads nothing more
       ok = ll_wait(ll_signal(a, rank, wire::ll::released_signal(s, p, r)), epoch - 1, a.timeout_ns,
-                   rep, abort_link_of(a), ll_op::dispatch, r, ll_waited_for::release);
+                   rep, abort_link_of(a), ll_op::dispatch, r, ll_waited_for::release,
+                   [&] { return exited = ll_exited(a, r); }) ||
+           exited;
+    }
   // Over RMA, every put that read this parity's staging (its previous
   // dispatch and combine) must be complete before any block writes it again.
   if (a.route.via_proxy != 0 && threadIdx.x == 0 && ok)
@@ -199,6 +209,7 @@ __global__ void __launch_bounds__(ll_threads)
     }
   }
   if (__syncthreads_and(ok ? 1 : 0) == 0) return;
+  ll_look_for_exits(a, gone);
   // A region has max_tokens_per_rank slots; only tokens naming an expert twice
   // can overflow it, and an overflowing call is rejected like a bad id.
   for (int e = threadIdx.x; e < experts; e += blockDim.x)
@@ -210,7 +221,7 @@ __global__ void __launch_bounds__(ll_threads)
   if (valid) {
     for (int t = mine.first; t < mine.last; ++t) {
       stage_body<Wire, Hidden>(a, t, body);
-      if (warp == 0) aim_token(a, t, next, dest);
+      if (warp == 0) aim_token(a, t, next, dest, gone);
       __syncthreads();
       send_body<Hidden>(a, body, dest);
       __syncthreads();  // body and dest are reused by the next token
@@ -234,6 +245,7 @@ __global__ void __launch_bounds__(ll_threads)
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
     const int dst = e / per_rank;
     const int le = e % per_rank;
+    if (gone.exited[dst]) continue;
     const wire::ll::count_word w{epoch, valid ? total[e] : 0,
                                  valid ? wire::ll::state::ok : wire::ll::state::rejected,
                                  token_traits<Wire>::id};
@@ -305,6 +317,26 @@ __device__ void unpack_record(const ll_args& a, int le, int src, int i, int row)
     reinterpret_cast<wire::ll::source*>(ll_region(a, rank, a.plan.recv_src))[packed] = from;
 }
 
+// Lane: waits for source `from`'s count word of region (le, from) of
+// dispatch `epoch`; with mask_lost_ranks, for those of all its regions, so
+// that the source arrives whole or is lost whole (lost_peers.cuh).
+__device__ inline ll_peer wait_source(const ll_args& a, int le, int from, std::uint64_t epoch,
+                                      std::uint64_t* waited_ns) {
+  const int el = a.shape.local_experts();
+  const int regions = ll_masking(a) ? el : 1;
+  for (int i = 0; i < regions; ++i) {
+    const int region = (le + i) % el;  // its own region first: that wait is the one timed
+    const ll_peer got = ll_wait_or_lost(
+        a, ll_part::dispatch,
+        ll_signal(a, a.peers.rank, wire::ll::dispatch_signal(a.shape, a.parity, region, from)),
+        epoch, from, ll_op::dispatch, ll_waited_for::dispatch_records,
+        i == 0 ? waited_ns : nullptr);
+    if (got != ll_peer::arrived) return got;
+  }
+  return ll_masking(a) ? ll_settle(a, ll_part::dispatch, from, epoch, ll_peer::arrived)
+                       : ll_peer::arrived;
+}
+
 // The last receive block, once every region was read: judges the call from
 // every count word (classified in parallel, in the host engine's order) and
 // records the verdict; updates the stats.
@@ -322,6 +354,7 @@ __device__ void finish_dispatch(const ll_args& a, std::uint64_t epoch, bool self
   for (int i = threadIdx.x; i < el * world; i += blockDim.x) {
     const int src = i / el;  // i = src * el + le: the host engine's order
     const int le = i % el;
+    if (ll_lost_in(a, ll_part::dispatch, src, epoch)) continue;  // its words are not read
     const ll_word c = classify_dispatch_word(words[le * world + src], epoch, s.max_tokens_per_rank,
                                              token_traits<Wire>::id);
     if (is_protocol_violation(c)) atomicMin(&first_violation, i);
@@ -379,13 +412,13 @@ __global__ void __launch_bounds__(ll_threads)
       bool rejected = false, violated = false;
       for (int from = lane; from <= src && ok; from += warp_size) {
         std::uint64_t waited = 0;
-        ok = ll_wait(ll_signal(a, rank, wire::ll::dispatch_signal(s, p, le, from)), epoch,
-                     a.timeout_ns, rep, abort_link_of(a), ll_op::dispatch, from,
-                     ll_waited_for::dispatch_records, &waited);
+        const ll_peer got = wait_source(a, le, from, epoch, &waited);
+        ok = got != ll_peer::failed;
         if (!ok) break;
         if (from == src)
           atomicMax(reinterpret_cast<unsigned long long*>(a.ws.wait_ns + src),
                     static_cast<unsigned long long>(waited));
+        if (got == ll_peer::lost) continue;  // nothing of its is read: it adds no rows
         const wire::ll::count_word w = words[le * world + from];
         const ll_word c =
             classify_dispatch_word(w, epoch, s.max_tokens_per_rank, token_traits<Wire>::id);
@@ -440,7 +473,7 @@ __global__ void __launch_bounds__(ll_threads)
     return;
   }
   for (int r = threadIdx.x; r < world; r += blockDim.x)
-    add_release(ll_signal(a, r, wire::ll::released_signal(s, p, rank)), 1);
+    if (!ll_exited(a, r)) add_release(ll_signal(a, r, wire::ll::released_signal(s, p, rank)), 1);
 }
 
 }  // namespace epcomm::cuda::device

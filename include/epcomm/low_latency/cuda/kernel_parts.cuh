@@ -2,7 +2,7 @@
 // thread's first reads of its arguments, where a parity's regions and
 // signals are, and the reject records and count words that close a call;
 // and the headers both build on (the wire, the route, the verdicts, the
-// device waits and copies), included here once for the two.
+// device waits, lost peers and copies), included here once for the two.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +13,7 @@
 #include "epcomm/low_latency/cuda/arith.hpp"
 #include "epcomm/low_latency/cuda/copy.cuh"
 #include "epcomm/low_latency/cuda/launch.hpp"
+#include "epcomm/low_latency/cuda/lost_peers.cuh"
 #include "epcomm/low_latency/cuda/sync.cuh"
 #include "epcomm/low_latency/rma.hpp"
 #include "epcomm/low_latency/route.hpp"

@@ -41,7 +41,16 @@ struct ll_workspace {
   std::uint64_t* recv_tokens;        // [E_local] cumulative rows received (stats)
   std::uint64_t* dispatch_wait_sum;  // [R] cumulative wait per source (stats)
   std::uint64_t* combine_wait_sum;   // [R] cumulative wait per expert rank (stats)
-  ll_report* rep;                    // first failure since the host last read it
+  std::uint64_t* masked_contributions;  // [1] cumulative (stats)
+  std::uint64_t* lost;                  // [R] set once a call went on without the rank
+  // mask_lost_ranks (null without it): [R] set by the host's exit watch
+  // (cuda/exit_watch.hpp) once a peer's process is gone; pinned host memory.
+  const std::uint64_t* exited;
+  // [2 kinds: dispatch, combine][2 parities][R]: what this rank decided about
+  // each peer's part of its last call of that kind on that parity, once for
+  // every block: 2 * epoch when it arrived, 2 * epoch + 1 when it was lost.
+  std::uint64_t* peer_state;
+  ll_report* rep;  // first failure since the host last read it
 };
 
 static_assert(std::is_trivially_copyable_v<ll_workspace>);

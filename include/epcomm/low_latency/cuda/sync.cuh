@@ -52,11 +52,13 @@ __device__ inline bool ll_peer_aborted(ll_report* rep, const abort_link& link, l
 
 // Spins until *counter >= expected (acquire). Returns false, without hanging,
 // when timeout_ns pass first (recorded as a deadline attributed to `peer`),
-// when a peer aborted (recorded), or when another thread of this rank has
-// already failed. `waited_ns`, when given, receives how long the wait took.
+// when a peer aborted (recorded), when another thread of this rank has
+// already failed, or when gave_up() (asked now and then) says so (recorded
+// by no one). `waited_ns`, when given, receives how long the wait took.
+template <class GaveUp>
 __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expected,
                                std::uint64_t timeout_ns, ll_report* rep, const abort_link& link,
-                               ll_op op, int peer, ll_waited_for what,
+                               ll_op op, int peer, ll_waited_for what, GaveUp gave_up,
                                std::uint64_t* waited_ns = nullptr) {
   const auto late = [&](std::uint64_t seen) {
     ll_report r{};
@@ -70,7 +72,8 @@ __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expec
   };
   return wait_bounded(
       counter, expected, timeout_ns,
-      [&] { return ll_is_broken(rep) || ll_peer_aborted(rep, link, op, what); }, late, waited_ns);
+      [&] { return ll_is_broken(rep) || ll_peer_aborted(rep, link, op, what) || gave_up(); }, late,
+      waited_ns);
 }
 
 // Over an RMA transport: a channel call that did not succeed breaks the

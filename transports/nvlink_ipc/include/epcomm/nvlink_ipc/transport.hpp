@@ -38,6 +38,7 @@
 #include "epcomm/nvlink_ipc/fabric_memory.hpp"
 #include "epcomm/transport/concepts.hpp"
 #include "epcomm/transport/peer_table.hpp"
+#include "epcomm/transport/process_identity.hpp"
 
 namespace epcomm::nvlink_ipc {
 
@@ -64,7 +65,8 @@ class transport {
         bytes_(bytes),
         memory_(resolve(opt.memory, boot.rank())),
         table_{},
-        open_(world_, false) {
+        open_(world_, false),
+        processes_(world_) {
     table_.rank = rank_;
     table_.world_size = world_;
     try {
@@ -88,6 +90,13 @@ class transport {
   std::span<std::byte> local_device_buffer() { return {table_.buffer[rank_], bytes_}; }
   std::byte* peer_device_ptr(int peer, std::size_t offset) { return table_.buffer[peer] + offset; }
   bool is_peer_mapped(int peer) const { return table_.buffer[peer] != nullptr; }
+
+  // True when `peer`'s process is known to be gone: a rank on this host, in
+  // this pid namespace (transport/process_identity.hpp). A kernel cannot ask;
+  // the low-latency device buffer's exit watch does, for mask_lost_ranks.
+  bool peer_exited(int peer) const {
+    return peer >= 0 && peer < world_ && peer != rank_ && proxy::exited(processes_[peer], self_);
+  }
 
   // The pointer table kernels receive: buffers and signals of every mapped rank.
   cuda::peer_table device_handle() const { return table_; }
@@ -142,6 +151,7 @@ class transport {
     std::int32_t memory;
     std::int32_t ok;  // 0: this rank failed; `cause` says why
     char cause[wire::cause_bytes];
+    proxy::process_identity process;
   };
 
   // After mapping: whether each rank could map every peer it should.
@@ -168,6 +178,7 @@ class transport {
     announcement mine{};
     mine.length = signal_bytes_ + bytes_;
     mine.memory = static_cast<std::int32_t>(memory_);
+    mine.process = self_;
     std::exception_ptr local_failure;
     try {
       allocate_own(mine);
@@ -181,6 +192,7 @@ class transport {
     std::memcpy(all.data(), bytes.data(), bytes.size());
     if (local_failure) std::rethrow_exception(local_failure);
     for (int p = 0; p < world_; ++p) {
+      processes_[p] = all[p].process;
       if (!all[p].ok)
         throw error(rank_, "nvlink_ipc setup", p,
                     std::string("that rank could not set up its buffer: ") + all[p].cause);
@@ -302,6 +314,8 @@ class transport {
   cudaStream_t stream_ = nullptr;
   cuda::peer_table table_;
   std::vector<bool> open_;  // peers mapped with cudaIpcOpenMemHandle
+  const proxy::process_identity self_ = proxy::this_process();
+  std::vector<proxy::process_identity> processes_;  // every rank's, from the set-up exchange
   void* own_malloc_ = nullptr;
 #if CUDART_VERSION >= 12050
   detail::fabric_mapping own_fabric_;

@@ -1,0 +1,44 @@
+// What lets kernels mask a lost rank (low_latency_config::mask_lost_ranks):
+// a kernel cannot ask whether a peer's process is gone, so a host thread asks
+// the transport (peer_exited) about every peer once a millisecond and sets
+// that peer's word in pinned host memory, which kernels read while they wait
+// (low_latency/cuda/lost_peers.cuh). A word, once set, stays set: an exited
+// process never writes again.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <stop_token>
+#include <thread>
+
+#include "epcomm/transport/concepts.hpp"
+
+namespace epcomm::cuda {
+
+class exit_watch {
+ public:
+  exit_watch() = default;
+
+  // Watches every peer of `transport` but `rank`, setting words[peer] (world
+  // of them, zeroed, readable by kernels) when it exits; stops at
+  // destruction. peer_exited must be safe beside the transport's other users.
+  template <class Transport>
+  requires has_peer_exit<Transport>
+  void start(const Transport& transport, std::uint64_t* words, int world, int rank) {
+    thread_ = std::jthread([&transport, words, world, rank](std::stop_token stop) {
+      while (!stop.stop_requested()) {
+        for (int r = 0; r < world; ++r)
+          if (r != rank && std::atomic_ref(words[r]).load(std::memory_order_relaxed) == 0 &&
+              transport.peer_exited(r))
+            std::atomic_ref(words[r]).store(1, std::memory_order_release);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+
+ private:
+  std::jthread thread_;
+};
+
+}  // namespace epcomm::cuda
