@@ -212,8 +212,10 @@ int main(int argc, char** argv) {
     check(run("correctness fp32", world,
               [&](local_bootstrap& b) { return check_rank<float>(b, opt.quick); }));
     check(run("bf16, fp8 and fp32 on one buffer", world, check_mixed_types_rank<>));
-    if (world >= 2)
-      check(run("absent peer: deadline, then the abort relay", world, check_absent_peer<>));
+    if (world < 2) continue;
+    check(run("absent peer: deadline, then the abort relay", world, check_absent_peer<>));
+    check(run("exited peer: the exit watch", world,
+              check_absent_peer<nvlink_ipc::transport, absence::exited>));
   }
   for (int world : opt.ranks) {
     if (!opt.low_latency) break;
@@ -225,6 +227,8 @@ int main(int argc, char** argv) {
     if (world < 2) continue;
     check(run("low-latency absent peer: deadline, then the abort relay", world,
               check_ll_absent_peer<>));
+    check(run("low-latency exited peer: the exit watch", world,
+              check_ll_absent_peer<nvlink_ipc::transport, absence::exited>));
     for (const ll_loss how : {ll_loss::after_a_call, ll_loss::at_dispatch, ll_loss::before_combine})
       check(run("low-latency mask_lost_ranks: a rank leaves", world,
                 [how](local_bootstrap& b) { return check_ll_lost_rank<>(b, how); }));

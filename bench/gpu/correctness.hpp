@@ -752,14 +752,15 @@ int check_rank(local_bootstrap& boot, bool quick, int max_blocks = 0) {
   return rc.exit_code();
 }
 
-// A rank that never calls dispatch: rank 0 fails at its deadline, the others
-// through its abort relay (absent_peer.hpp), all naming it; everyone refuses
-// further calls; nobody hangs.
-template <class Link = nvlink_ipc::transport>
+// The last rank never calls dispatch (rank 0 fails at its deadline, the
+// others through its abort relay) or its process exits (every other rank
+// fails at once): absent_peer.hpp. All name it; everyone refuses further
+// calls; nobody hangs.
+template <class Link = nvlink_ipc::transport, absence How = absence::silent>
 int check_absent_peer(local_bootstrap& boot) {
   const int rank = boot.rank();
   const int absent = boot.world_size() - 1;
-  const absent_peer_plan plan{rank, absent};
+  const absent_peer_plan plan{rank, absent, How};
   use_device(rank);
   buffer_config cfg;
   cfg.num_experts = 2 * boot.world_size();
@@ -770,6 +771,10 @@ int check_absent_peer(local_bootstrap& boot) {
   int code = 0;
   {
     device_engine<bf16, Link> dev(boot, cfg, check_rma_memory);
+    if (How == absence::exited) {
+      boot.barrier(deadline::after(std::chrono::seconds(60)));  // every rank has its buffer
+      if (rank == absent) std::_Exit(0);
+    }
     if (rank != absent) {
       const test::shape s{boot.world_size(),     16, 256, 2, cfg.num_experts,
                           test::routing::random, 31};
@@ -800,7 +805,7 @@ int check_absent_peer(local_bootstrap& boot) {
       }
     }
     // The absent rank keeps its memory mapped until the others are done.
-    boot.barrier(deadline::after(std::chrono::seconds(120)));
+    if (How == absence::silent) boot.barrier(deadline::after(std::chrono::seconds(120)));
   }
   return code;
 }

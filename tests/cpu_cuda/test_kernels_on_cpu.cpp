@@ -86,6 +86,15 @@ TEST_CASE("normal absent peer on 3 ranks") { on_ranks(3, check_absent_peer<>); }
 
 TEST_CASE("low-latency absent peer on 3 ranks") { on_ranks(3, check_ll_absent_peer<>); }
 
+// A peer whose process exits fails the others at once, not at their deadline.
+TEST_CASE("normal exited peer on 3 ranks") {
+  on_ranks(3, check_absent_peer<nvlink_ipc::transport, absence::exited>);
+}
+
+TEST_CASE("low-latency exited peer on 3 ranks") {
+  on_ranks(3, check_ll_absent_peer<nvlink_ipc::transport, absence::exited>);
+}
+
 // mask_lost_ranks: the kernels go on without a rank that leaves, as the host
 // engine does (ll_correctness.hpp: check_ll_lost_rank).
 #define EPCOMM_LL_LOSS_CASE(HOW, SAYS)                                                     \
@@ -115,6 +124,12 @@ TEST_CASE("proxy: low-latency bf16 over libfabric on 3 ranks") {
 TEST_CASE("proxy: low-latency over libfabric masks a rank that leaves as its dispatch starts") {
   on_ranks(3,
            [](local_bootstrap& b) { return check_ll_lost_rank<fabric>(b, ll_loss::at_dispatch); });
+}
+TEST_CASE("proxy: normal exited peer over libfabric on 3 ranks") {
+  on_ranks(3, check_absent_peer<fabric, absence::exited>);
+}
+TEST_CASE("proxy: low-latency exited peer over libfabric on 3 ranks") {
+  on_ranks(3, check_ll_absent_peer<fabric, absence::exited>);
 }
 TEST_CASE("proxy: low-latency over libfabric masks a rank that leaves before its combine") {
   on_ranks(

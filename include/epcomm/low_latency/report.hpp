@@ -43,6 +43,9 @@ enum class ll_failure : std::int32_t {
   // Over an RMA transport: a proxy channel call returned `seen`, a
   // proxy::channel_status other than ok.
   proxy,
+  // Without mask_lost_ranks: peer's process exited while this rank waited
+  // for `what` from it (the exit watch, cuda/exit_watch.hpp).
+  peer_exited,
 };
 
 // What an expired wait was waiting for; the texts are the host engine's.
@@ -126,6 +129,8 @@ inline error to_error(const ll_report& r, int rank) {
       return proxy::device_saw_abort(rank, op, r.src_rank, r.peer, ll_waited_for_text(r.what));
     case ll_failure::proxy:
       return proxy::device_channel_failed(rank, op, r.seen);
+    case ll_failure::peer_exited:
+      return proxy::device_saw_exit(rank, op, r.peer, ll_waited_for_text(r.what));
   }
   return proxy::unknown_device_failure(rank, op, r.peer, static_cast<std::int32_t>(r.code));
 }

@@ -33,6 +33,7 @@ enum class failure : std::int32_t {
   weights_mismatch,    // peer passes topk_weights to combine and rank 0 does not, or vice versa
   peer_aborted,        // `reporter` gave up blaming `peer` and told this rank (abort_link.hpp)
   proxy,               // over an RMA transport: a channel call returned `seen` (channel_status)
+  peer_exited,         // peer's process exited while this rank waited for `what` (exit_watch.hpp)
 };
 
 // What a wait that expired was waiting for; the text matches the host
@@ -97,7 +98,8 @@ static_assert(std::is_trivially_copyable_v<report> && std::is_standard_layout_v<
 // is a verdict all ranks reached together after a completed round, so the
 // next call is safe.
 inline bool breaks_buffer(const report& r) {
-  return r.code == failure::deadline || r.code == failure::peer_aborted || r.code == failure::proxy;
+  return r.code == failure::deadline || r.code == failure::peer_aborted ||
+         r.code == failure::proxy || r.code == failure::peer_exited;
 }
 
 // The epcomm::error the host engine throws for the same situation.
@@ -152,6 +154,8 @@ inline error to_error(const report& r, int rank, const std::string& op) {
       return proxy::device_saw_abort(rank, op, r.reporter, r.peer, waited_for_text(r.what));
     case failure::proxy:
       return proxy::device_channel_failed(rank, op, r.seen);
+    case failure::peer_exited:
+      return proxy::device_saw_exit(rank, op, r.peer, waited_for_text(r.what));
   }
   return proxy::unknown_device_failure(rank, op, r.peer, static_cast<std::int32_t>(r.code));
 }

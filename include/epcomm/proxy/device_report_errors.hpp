@@ -1,7 +1,8 @@
 // The errors both modes' device reports (normal/report.hpp,
 // low_latency/report.hpp) end in, worded once: what a kernel can learn from
-// the proxy and its peers' abort words, and a failure code the host does not
-// know (a kernel and host built from different versions).
+// the proxy, its peers' abort words and the host's exit watch
+// (cuda/exit_watch.hpp), and a failure code the host does not know (a kernel
+// and host built from different versions).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,13 @@ inline error device_saw_abort(int rank, const std::string& op, int reporter, int
                               std::string_view waited_for) {
   const blame b = peer_aborted(reporter, culprit, rank, waited_for);
   return error(rank, op, b.peer, b.cause);
+}
+
+// A kernel of `rank` waited for `waited_for` from `peer`, whose process
+// exited: the host transports' words for the same.
+inline error device_saw_exit(int rank, const std::string& op, int peer,
+                             std::string_view waited_for) {
+  return error(rank, op, peer, "peer process exited while waiting for " + std::string(waited_for));
 }
 
 // The proxy serving a kernel's channel stopped with `status`.

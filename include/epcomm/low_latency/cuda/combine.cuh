@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(ll_threads)
       const std::size_t row =
           static_cast<std::size_t>(lo) * s.rows_per_expert() + (g - first_row[lo]);
       const wire::ll::source from = from_of[row];
-      if (gone.exited[from.rank]) continue;  // a lost rank's rows are not sent
+      if (gone.skipped[from.rank]) continue;  // a lost rank's rows are not sent
       std::byte* dst = ll_region(a, from.rank, a.plan.combine_recv) +
                        wire::ll::combine_row(s, from.token, from.topk_slot) * row_bytes;
       if (a.route.via_proxy != 0 && from.rank != rank) {
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(ll_threads)
   const auto* ranges =
       reinterpret_cast<const wire::ll::range*>(ll_region(a, rank, a.plan.recv_range));
   for (int r = threadIdx.x; r < world; r += blockDim.x) {
-    if (gone.exited[r]) continue;
+    if (gone.skipped[r]) continue;
     int rows = 0;
     if (valid)
       for (int le = 0; le < el; ++le)

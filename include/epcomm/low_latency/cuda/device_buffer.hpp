@@ -170,11 +170,13 @@ class low_latency_device_buffer {
       require_peer_mapped(link_.transport(), rank_, world_, "low_latency_buffer",
                           "the device path needs every rank in one NVLink domain");
     allocate_workspace();
-    if constexpr (can_mask_lost_ranks)
-      if (mask_lost_ranks_) {
-        if constexpr (via_proxy) link_.transport().mask_lost_peers();
-        exit_watch_.start(link_.transport(), exited_, world_, rank_);
-      }
+    if constexpr (via_proxy && can_mask_lost_ranks)
+      if (mask_lost_ranks_) link_.transport().mask_lost_peers();
+    // A wait for a peer that exited then fails at once, or masks it.
+    if constexpr (has_peer_exit<Transport>) {
+      exit_watch_.start(link_.transport(), exited_, world_, rank_);
+      ws_.exited = exited_;
+    }
   }
 
   low_latency_device_buffer(const low_latency_device_buffer&) = delete;
@@ -429,6 +431,7 @@ class low_latency_device_buffer {
     a.ws = ws_;
     a.parity = p;
     a.round_scale = round_scale_ ? 1 : 0;
+    a.mask_lost_ranks = mask_lost_ranks_ ? 1 : 0;
     a.max_blocks = calls_.block_budget(max_blocks_);
     a.timeout_ns = calls_.timeout_ns();
     calls_.copy_cause(a.host_cause, cause);
@@ -527,10 +530,9 @@ class low_latency_device_buffer {
       ws_.rep = calls_.device_report();
     });
     host_stats_ = reinterpret_cast<std::uint64_t*>(calls_.host_extra());
+    // Kernels read the exit watch's words in place (pinned memory is mapped
+    // into the device at the same address).
     exited_ = host_stats_ + stats_words() + r;
-    // Kernels read the words in place (pinned memory is mapped into the
-    // device at the same address).
-    ws_.exited = mask_lost_ranks_ ? exited_ : nullptr;
   }
 
   int rank_;

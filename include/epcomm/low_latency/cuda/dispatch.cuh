@@ -126,7 +126,7 @@ __device__ inline void aim_token(const ll_args& a, int t, int* next, std::byte**
     sent[wire::ll::combine_row(s, t, j)] = e;
     std::byte* rec = nullptr;
     const int dst = routed ? static_cast<int>(e / per_rank) : 0;
-    if (routed && !gone.exited[dst]) {  // a lost rank's records are not sent
+    if (routed && !gone.skipped[dst]) {  // a lost rank's records are not sent
       const int le = static_cast<int>(e % per_rank);
       // Over RMA a record for another rank is staged by destination expert.
       rec = a.route.via_proxy != 0 && dst != rank
@@ -183,11 +183,15 @@ __global__ void __launch_bounds__(ll_threads)
   bool ok = true;
   if (epoch > 1 && warp == 0)
     for (int r = lane; r < world && ok; r += warp_size) {
-      bool exited = false;  // a rank that exited releases nothing, and reads nothing more
+      bool skipped = false;  // a lost rank releases nothing, and reads nothing more
       ok = ll_wait(ll_signal(a, rank, wire::ll::released_signal(s, p, r)), epoch - 1, a.timeout_ns,
                    rep, abort_link_of(a), ll_op::dispatch, r, ll_waited_for::release,
-                   [&] { return exited = ll_exited(a, r); }) ||
-           exited;
+                   [&] {
+                     if (!ll_peer_gone(a, r, ll_op::dispatch, ll_waited_for::release)) return false;
+                     skipped = ll_masking(a);
+                     return true;
+                   }) ||
+           skipped;
     }
   // Over RMA, every put that read this parity's staging (its previous
   // dispatch and combine) must be complete before any block writes it again.
@@ -245,7 +249,7 @@ __global__ void __launch_bounds__(ll_threads)
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
     const int dst = e / per_rank;
     const int le = e % per_rank;
-    if (gone.exited[dst]) continue;
+    if (gone.skipped[dst]) continue;
     const wire::ll::count_word w{epoch, valid ? total[e] : 0,
                                  valid ? wire::ll::state::ok : wire::ll::state::rejected,
                                  token_traits<Wire>::id};
@@ -473,7 +477,7 @@ __global__ void __launch_bounds__(ll_threads)
     return;
   }
   for (int r = threadIdx.x; r < world; r += blockDim.x)
-    if (!ll_exited(a, r)) add_release(ll_signal(a, r, wire::ll::released_signal(s, p, rank)), 1);
+    if (!ll_skipped(a, r)) add_release(ll_signal(a, r, wire::ll::released_signal(s, p, rank)), 1);
 }
 
 }  // namespace epcomm::cuda::device

@@ -43,8 +43,9 @@ struct ll_workspace {
   std::uint64_t* combine_wait_sum;   // [R] cumulative wait per expert rank (stats)
   std::uint64_t* masked_contributions;  // [1] cumulative (stats)
   std::uint64_t* lost;                  // [R] set once a call went on without the rank
-  // mask_lost_ranks (null without it): [R] set by the host's exit watch
-  // (cuda/exit_watch.hpp) once a peer's process is gone; pinned host memory.
+  // [R] set by the host's exit watch (cuda/exit_watch.hpp) once a peer's
+  // process is gone; pinned host memory. Null over a transport that cannot
+  // tell.
   const std::uint64_t* exited;
   // [2 kinds: dispatch, combine][2 parities][R]: what this rank decided about
   // each peer's part of its last call of that kind on that parity, once for
@@ -66,6 +67,7 @@ struct ll_args {
   int num_tokens;  // 0 when the host rejected the call: nothing is read
   int topk;
   int round_scale;
+  int mask_lost_ranks;           // low_latency_config::mask_lost_ranks
   const bf16* x;                 // dispatch: [T][H]
   const std::int64_t* topk_idx;  // [T][K]
   const float* topk_weights;     // combine: [T][K]

@@ -1,14 +1,16 @@
-// mask_lost_ranks in the low-latency kernels: the host engine's rule
-// (host/lost_ranks.hpp, low_latency/buffer.hpp) on the device. A peer whose
-// process exited (the host's exit watch set its word, cuda/exit_watch.hpp)
-// ends a wait for it as lost instead of failing at the deadline; a peer that
-// is only slow still fails. Kernels wait in many blocks at once, so whether a
-// peer's part of a call arrived or is lost is decided once, by the first
-// block of this rank to find out, for every block: all of them then pack,
-// check and reduce the same peers. A source's dispatch counts as arrived only
-// when every one of its regions has (the host engine waits for a source's
-// regions together): nothing of a lost source is read, even records that
-// landed.
+// A peer's exit in the low-latency kernels. The host's exit watch
+// (cuda/exit_watch.hpp) sets a peer's word once its process is gone; kernels
+// read it where they already spin. Without mask_lost_ranks a wait for a peer
+// that exited fails at once, naming it, as over the host transports. With it,
+// the host engine's rule (host/lost_ranks.hpp, low_latency/buffer.hpp): the
+// wait ends as lost, the call goes on without the peer, and so does every
+// later call; a peer that is only slow still fails at the deadline. Kernels
+// wait in many blocks at once, so whether a peer's part of a call arrived or
+// is lost is decided once, by the first block of this rank to find out, for
+// every block: all of them then pack, check and reduce the same peers. A
+// source's dispatch counts as arrived only when every one of its regions has
+// (the host engine waits for a source's regions together): nothing of a lost
+// source is read, even records that landed.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +25,32 @@ enum class ll_peer : int { failed = 0, arrived, lost };
 // Which call's parts a decision word is about.
 enum class ll_part : int { dispatch = 0, combine = 1 };
 
-__device__ __forceinline__ bool ll_masking(const ll_args& a) { return a.ws.exited != nullptr; }
+__device__ __forceinline__ bool ll_masking(const ll_args& a) { return a.mask_lost_ranks != 0; }
 
 // Host memory, far from the device: read it where a wait already spins, or
 // once per block (ll_gone).
 __device__ __forceinline__ bool ll_exited(const ll_args& a, int r) {
-  return ll_masking(a) && load_acquire(a.ws.exited + r) != 0;
+  return a.ws.exited != nullptr && load_acquire(a.ws.exited + r) != 0;
+}
+
+// Whether this rank goes on without rank r: it is masking and r exited.
+__device__ __forceinline__ bool ll_skipped(const ll_args& a, int r) {
+  return ll_masking(a) && ll_exited(a, r);
+}
+
+// A wait's gave_up for peer r: false while r lives; once it exited, true,
+// and without mask_lost_ranks recorded as the call's failure.
+__device__ inline bool ll_peer_gone(const ll_args& a, int r, ll_op op, ll_waited_for what) {
+  if (!ll_exited(a, r)) return false;
+  if (!ll_masking(a)) {
+    ll_report rep{};
+    rep.code = ll_failure::peer_exited;
+    rep.peer = r;
+    rep.what = what;
+    rep.op = op;
+    ll_record(a.ws.rep, rep, abort_link_of(a));
+  }
+  return true;
 }
 
 __device__ __forceinline__ unsigned long long* ll_decision(const ll_args& a, ll_part k, int r) {
@@ -58,8 +80,8 @@ __device__ __forceinline__ bool ll_lost_in(const ll_args& a, ll_part k, int r,
   return ll_masking(a) && atomicCAS(ll_decision(a, k, r), 0ull, 0ull) == 2 * epoch + 1;
 }
 
-// Waits for peer r's counter to reach `epoch`, as ll_wait; with
-// mask_lost_ranks, a peer that exited ends the wait as lost unless a block
+// Waits for peer r's counter to reach `epoch`, as ll_wait; a peer that
+// exited fails it or, with mask_lost_ranks, ends it as lost unless a block
 // of this rank already decided its part arrived (then the counter will get
 // there). Arrival is not decided here.
 __device__ inline ll_peer ll_wait_or_lost(const ll_args& a, ll_part k, const std::uint64_t* counter,
@@ -69,7 +91,8 @@ __device__ inline ll_peer ll_wait_or_lost(const ll_args& a, ll_part k, const std
   const bool got = ll_wait(
       counter, epoch, a.timeout_ns, a.ws.rep, abort_link_of(a), op, r, what,
       [&] {
-        return lost = ll_exited(a, r) && ll_settle(a, k, r, epoch, ll_peer::lost) == ll_peer::lost;
+        if (!ll_peer_gone(a, r, op, what)) return false;
+        return !ll_masking(a) || (lost = ll_settle(a, k, r, epoch, ll_peer::lost) == ll_peer::lost);
       },
       waited_ns);
   return got ? ll_peer::arrived : lost ? ll_peer::lost : ll_peer::failed;
@@ -83,17 +106,17 @@ __device__ inline ll_peer ll_wait_peer(const ll_args& a, ll_part k, const std::u
   return got == ll_peer::arrived && ll_masking(a) ? ll_settle(a, k, r, epoch, got) : got;
 }
 
-// Which peers had exited when a block looked, read once per block: sends
-// skip them (each block may look at another time; what goes to a rank that
-// exited is lost either way).
+// With mask_lost_ranks, which peers had exited when a block looked, read
+// once per block: sends skip them (each block may look at another time; what
+// goes to a rank that exited is lost either way).
 struct ll_gone {
-  bool exited[peer_table::max_ranks];
+  bool skipped[peer_table::max_ranks];
 };
 
 // Block-wide, with a barrier.
 __device__ inline void ll_look_for_exits(const ll_args& a, ll_gone& gone) {
   for (int r = threadIdx.x; r < a.shape.world_size; r += blockDim.x)
-    gone.exited[r] = ll_exited(a, r);
+    gone.skipped[r] = ll_skipped(a, r);
   __syncthreads();
 }
 

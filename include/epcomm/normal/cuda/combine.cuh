@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(combine_threads)
     const waited_for what = accepted ? waited_for::combined_rows : waited_for::agreement_to_reject;
     for (int r = lane; r < world && ok; r += warp_size)
       ok = wait_at_least(mine + wire::signal_slot(wire::signal_kind::combine_data, r, world), epoch,
-                         a.timeout_ns, rep, abort_link_of(a), r, what);
+                         a.timeout_ns, rep, abort_link_of(a), a.ws.exited, r, what);
   }
   for (int r = threadIdx.x; r < world; r += blockDim.x)
     first_row[r] = return_offset(a.ws.count_matrix, world, rank, r);

@@ -47,6 +47,7 @@
 #include "epcomm/cuda/device_calls.hpp"
 #include "epcomm/cuda/device_event.hpp"
 #include "epcomm/cuda/device_link.hpp"
+#include "epcomm/cuda/exit_watch.hpp"
 #include "epcomm/host/require_peer_mapped.hpp"
 #include "epcomm/normal/arguments.hpp"
 #include "epcomm/normal/capacity_agreement.hpp"
@@ -151,6 +152,12 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
       require_peer_mapped(link_.transport(), rank_, world_, "buffer",
                           "normal mode over this transport needs every rank in one NVLink domain");
     allocate_workspace(cfg.max_live_handles);
+    // A wait for a peer whose process exited then fails at once, naming it.
+    if constexpr (has_peer_exit<Transport>) {
+      exited_ = reinterpret_cast<std::uint64_t*>(calls_.host_extra());
+      exit_watch_.start(link_.transport(), exited_, world_, rank_);
+      ws_.exited = exited_;
+    }
   }
 
   device_buffer(const device_buffer&) = delete;
@@ -481,7 +488,9 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
                          regions.take(sizeof(std::int32_t) * r * r),
                          regions.take(sizeof(std::uint64_t)),
                          regions.take(sizeof(std::int32_t) * cap_.max_tokens_per_rank * r)});
-    calls_.allocate(regions, 0, "buffer", [&](std::byte* w) {
+    // Pinned, after the report: the exit watch's words, which kernels read
+    // in place (pinned memory is mapped into the device at the same address).
+    calls_.allocate(regions, r * sizeof(std::uint64_t), "buffer", [&](std::byte* w) {
       for (const slot_offsets& o : slot_at)
         slots_.push_back({reinterpret_cast<std::int32_t*>(w + o.flags),
                           reinterpret_cast<std::int32_t*>(w + o.matrix),
@@ -526,6 +535,8 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
     std::weak_ptr<const int> lease;  // expired: free
   };
   std::vector<routing_slot> slots_;
+  std::uint64_t* exited_ = nullptr;  // [R] pinned (device_calls::host_extra), set by exit_watch_
+  exit_watch exit_watch_;            // stops before the memory and transport go
 };
 
 }  // namespace epcomm::cuda

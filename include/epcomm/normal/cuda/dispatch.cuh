@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(dispatch_threads)
       const waited_for what = accepted ? waited_for::token_rows : waited_for::agreement_to_reject;
       for (int s = lane; s < world; s += warp_size)
         if (!wait_at_least(mine + wire::signal_slot(wire::signal_kind::data, s, world), epoch,
-                           a.timeout_ns, rep, abort_link_of(a), s, what))
+                           a.timeout_ns, rep, abort_link_of(a), a.ws.exited, s, what))
           break;
     } else if (accepted && a.recv_bound > 0) {
       // Padding rows read as "routed nowhere" for callers that loop over the

@@ -30,7 +30,10 @@ struct workspace {
   std::uint32_t* blocks_done;       // [2] sender blocks finished: dispatch, combine
   std::int32_t* accepted;           // [2] whether the last dispatch / combine went through
   std::int32_t* num_recv;           // rows the last dispatch delivered here (0 if rejected)
-  report* rep;                      // first failure since the host last read it
+  // [R] set by the host's exit watch (cuda/exit_watch.hpp) once a peer's
+  // process is gone; pinned host memory. Null over a transport that cannot tell.
+  const std::uint64_t* exited;
+  report* rep;  // first failure since the host last read it
 };
 
 static_assert(std::is_trivially_copyable_v<workspace>);

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(notify_threads)
   const std::uint64_t* mine = a.peers.signals[rank];
   for (int s = threadIdx.x; s < world; s += blockDim.x)
     ok = ok && wait_at_least(mine + wire::signal_slot(wire::signal_kind::notify, s, world), epoch,
-                             a.timeout_ns, rep, abort_link_of(a), s, waited_for::notify_counts);
+                             a.timeout_ns, rep, abort_link_of(a), a.ws.exited, s,
+                             waited_for::notify_counts);
   if (!all_waits_succeeded(ok)) return;
 
   if (threadIdx.x == 0) {
@@ -216,9 +217,9 @@ __global__ void __launch_bounds__(notify_threads)
   bool ok = true;
   const std::uint64_t* mine = a.peers.signals[rank];
   for (int s = threadIdx.x; s < world; s += blockDim.x)
-    ok = ok &&
-         wait_at_least(mine + wire::signal_slot(wire::signal_kind::combine_ready, s, world), epoch,
-                       a.timeout_ns, rep, abort_link_of(a), s, waited_for::combine_readiness);
+    ok = ok && wait_at_least(mine + wire::signal_slot(wire::signal_kind::combine_ready, s, world),
+                             epoch, a.timeout_ns, rep, abort_link_of(a), a.ws.exited, s,
+                             waited_for::combine_readiness);
   if (!all_waits_succeeded(ok)) return;
 
   if (threadIdx.x == 0) {

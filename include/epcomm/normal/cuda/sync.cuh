@@ -63,12 +63,14 @@ __device__ inline bool peer_aborted(report* rep, const abort_link& link, waited_
 }
 
 // Spins until *counter >= expected (acquire). Returns false, without hanging,
-// when timeout_ns pass first (recorded, attributed to `peer`), when a peer
+// when timeout_ns pass first (recorded, attributed to `peer`), when `peer`'s
+// process exited (recorded: `exited` holds the host's exit watch's words,
+// cuda/exit_watch.hpp; null when the transport cannot tell), when a peer
 // aborted (recorded, and relayed on), or when another thread of this rank
 // has already failed.
 __device__ inline bool wait_at_least(const std::uint64_t* counter, std::uint64_t expected,
                                      std::uint64_t timeout_ns, report* rep, const abort_link& link,
-                                     int peer, waited_for what) {
+                                     const std::uint64_t* exited, int peer, waited_for what) {
   const auto late = [&](std::uint64_t seen) {
     report r{};
     r.code = failure::deadline;
@@ -78,9 +80,18 @@ __device__ inline bool wait_at_least(const std::uint64_t* counter, std::uint64_t
     r.seen = static_cast<std::int64_t>(seen);
     report_breaking(rep, link, peer, r);
   };
+  const auto gone = [&] {
+    if (exited == nullptr || load_acquire(exited + peer) == 0) return false;
+    report r{};
+    r.code = failure::peer_exited;
+    r.peer = peer;
+    r.what = what;
+    report_breaking(rep, link, peer, r);
+    return true;
+  };
   return wait_bounded(
       counter, expected, timeout_ns,
-      [&] { return is_broken(rep) || peer_aborted(rep, link, what); }, late);
+      [&] { return is_broken(rep) || peer_aborted(rep, link, what) || gone(); }, late);
 }
 
 }  // namespace epcomm::cuda::device
