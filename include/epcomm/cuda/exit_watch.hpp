@@ -1,9 +1,10 @@
-// What lets kernels mask a lost rank (low_latency_config::mask_lost_ranks):
-// a kernel cannot ask whether a peer's process is gone, so a host thread asks
-// the transport (peer_exited) about every peer once a millisecond and sets
-// that peer's word in pinned host memory, which kernels read while they wait
-// (low_latency/cuda/lost_peers.cuh). A word, once set, stays set: an exited
-// process never writes again.
+// How kernels learn that a peer's process is gone, so that a wait for it
+// fails at once instead of at its deadline (normal/cuda/sync.cuh,
+// low_latency/cuda/lost_peers.cuh) or, with low_latency_config::
+// mask_lost_ranks, goes on without it: a kernel cannot ask, so a host thread
+// asks the transport (peer_exited) about every peer once a millisecond and
+// sets that peer's word in pinned host memory, which kernels read while they
+// wait. A word, once set, stays set: an exited process never writes again.
 #pragma once
 
 #include <atomic>
