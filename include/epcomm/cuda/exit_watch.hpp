@@ -12,27 +12,42 @@
 #include <cstdint>
 #include <stop_token>
 #include <thread>
+#include <vector>
 
 #include "epcomm/transport/concepts.hpp"
 
 namespace epcomm::cuda {
+
+// Over an RMA transport what a peer put before it exited may still be on its
+// way through the fabric and this rank's proxy: its word is set only once it
+// has been gone this long (the libfabric transport waits as long before it
+// fails operations to an exited peer). Peer stores need none.
+inline constexpr std::chrono::milliseconds exit_grace_over_rma{250};
 
 class exit_watch {
  public:
   exit_watch() = default;
 
   // Watches every peer of `transport` but `rank`, setting words[peer] (world
-  // of them, zeroed, readable by kernels) when it exits; stops at
-  // destruction. peer_exited must be safe beside the transport's other users.
+  // of them, zeroed, readable by kernels) once it has been gone for `grace`;
+  // stops at destruction. peer_exited must be safe beside the transport's
+  // other users.
   template <class Transport>
   requires has_peer_exit<Transport>
-  void start(const Transport& transport, std::uint64_t* words, int world, int rank) {
-    thread_ = std::jthread([&transport, words, world, rank](std::stop_token stop) {
+  void start(const Transport& transport, std::uint64_t* words, int world, int rank,
+             std::chrono::milliseconds grace) {
+    thread_ = std::jthread([&transport, words, world, rank, grace](std::stop_token stop) {
+      using clock = std::chrono::steady_clock;
+      std::vector<clock::time_point> gone_since(world, clock::time_point::max());
       while (!stop.stop_requested()) {
-        for (int r = 0; r < world; ++r)
-          if (r != rank && std::atomic_ref(words[r]).load(std::memory_order_relaxed) == 0 &&
-              transport.peer_exited(r))
+        const clock::time_point now = clock::now();
+        for (int r = 0; r < world; ++r) {
+          if (r == rank || std::atomic_ref(words[r]).load(std::memory_order_relaxed) != 0) continue;
+          if (gone_since[r] == clock::time_point::max() && transport.peer_exited(r))
+            gone_since[r] = now;
+          if (gone_since[r] != clock::time_point::max() && now - gone_since[r] >= grace)
             std::atomic_ref(words[r]).store(1, std::memory_order_release);
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     });

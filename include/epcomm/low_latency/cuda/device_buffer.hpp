@@ -174,7 +174,8 @@ class low_latency_device_buffer {
       if (mask_lost_ranks_) link_.transport().mask_lost_peers();
     // A wait for a peer that exited then fails at once, or masks it.
     if constexpr (has_peer_exit<Transport>) {
-      exit_watch_.start(link_.transport(), exited_, world_, rank_);
+      exit_watch_.start(link_.transport(), exited_, world_, rank_,
+                        via_proxy ? exit_grace_over_rma : std::chrono::milliseconds(0));
       ws_.exited = exited_;
     }
   }

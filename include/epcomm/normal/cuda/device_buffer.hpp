@@ -155,7 +155,8 @@ requires(sizeof...(Tokens) >= 1) class device_buffer {
     // A wait for a peer whose process exited then fails at once, naming it.
     if constexpr (has_peer_exit<Transport>) {
       exited_ = reinterpret_cast<std::uint64_t*>(calls_.host_extra());
-      exit_watch_.start(link_.transport(), exited_, world_, rank_);
+      exit_watch_.start(link_.transport(), exited_, world_, rank_,
+                        via_proxy ? exit_grace_over_rma : std::chrono::milliseconds(0));
       ws_.exited = exited_;
     }
   }
