@@ -18,6 +18,7 @@
 #include "epcomm/proxy/channel.hpp"
 #include "epcomm/proxy/engine.hpp"
 #include "epcomm/proxy/ring.hpp"
+#include "epcomm/proxy/transport_with_proxy.hpp"
 #include "epcomm/transport/rma/completion_window.hpp"
 
 using namespace epcomm;
@@ -50,6 +51,14 @@ bool eventually(F&& f, std::chrono::milliseconds within = 10s) {
   return f();
 }
 
+// A future nobody fulfils: its promise is never destroyed (which would make
+// it ready), and stays reachable.
+std::shared_future<void> never_ready() {
+  static auto* const unfulfilled = new std::promise<void>;
+  static const std::shared_future<void> future = unfulfilled->get_future().share();
+  return future;
+}
+
 // A transport whose operations complete only when the test says so, in any
 // order, and which records what it was asked to do.
 class scripted_transport {
@@ -70,11 +79,9 @@ class scripted_transport {
   void put(int peer, std::size_t local, std::size_t remote, std::size_t bytes) {
     record({proxy::op_code::put, peer, local, remote, bytes, 0, 0});
     if (stuck_puts_.load()) {
-      // As a provider call spinning on a lock a dead process held: it never
-      // returns, on a future nobody can fulfil, leaked so that it outlives
-      // the test.
+      const std::shared_future<void> until = stuck_until_;
       in_stuck_put_.store(true);
-      (new std::promise<void>)->get_future().wait();
+      until.wait();
     }
   }
   void put_signal(int peer, std::size_t local, std::size_t remote, std::size_t bytes,
@@ -87,6 +94,7 @@ class scripted_transport {
   void flush(int peer) { record({proxy::op_code::flush, peer, 0, 0, 0, 0, 0}); }
 
   void progress() {
+    progress_calls_.fetch_add(1);
     std::lock_guard lock(mu_);
     if (fail_next_progress_) {
       fail_next_progress_ = false;
@@ -117,8 +125,18 @@ class scripted_transport {
     std::lock_guard lock(mu_);
     fail_next_progress_ = true;
   }
-  void stick_puts() { stuck_puts_.store(true); }
+  // Puts from now on stay in the call until `until` is ready. By default
+  // never, as a provider call spinning on a lock a dead process held.
+  void stick_puts(std::shared_future<void> until = never_ready()) {
+    stuck_until_ = std::move(until);
+    stuck_puts_.store(true);
+  }
   bool in_stuck_put() const { return in_stuck_put_.load(); }
+  std::uint64_t progress_calls() const { return progress_calls_.load(); }
+
+  // has_leave_open: only records that it was called.
+  void leave_open() noexcept { left_open_.store(true); }
+  bool left_open() const { return left_open_.load(); }
 
  private:
   void record(const op& o) {
@@ -131,10 +149,13 @@ class scripted_transport {
   std::vector<op> ops_;
   proxy::completion_window window_;
   bool fail_next_progress_ = false;
-  std::atomic<bool> stuck_puts_{false}, in_stuck_put_{false};
+  std::shared_future<void> stuck_until_;  // written before stuck_puts_ is set, read after
+  std::atomic<bool> stuck_puts_{false}, in_stuck_put_{false}, left_open_{false};
+  std::atomic<std::uint64_t> progress_calls_{0};
 };
 
 static_assert(has_completion_count<scripted_transport>);
+static_assert(has_leave_open<scripted_transport>);
 
 }  // namespace
 
@@ -331,6 +352,29 @@ TEST_CASE("a proxy thread stuck in a transport call is left behind at destructio
   // stuck_after (2 s) from the call's start, not the drain timeout (5 s).
   CHECK(took >= 2s);
   CHECK(took < 5s);
+}
+
+// What the owner of a transport and its proxy does with a stuck thread: it
+// is left behind, and so are the engine and the transport it may come back
+// to. When its call does return, it runs on in them (under AddressSanitizer
+// a freed engine or transport would stop the test here).
+TEST_CASE("a stuck proxy's engine and transport outlive their owner, for its thread to return to") {
+  using owner = proxy::transport_with_proxy<true, proxy::engine, scripted_transport>;
+  const std::size_t before = proxy::engine<scripted_transport>::abandoned_threads();
+  std::promise<void> release;
+  scripted_transport* t = nullptr;
+  {
+    owner owned([] { return scripted_transport{}; }, proxy::engine_options{});
+    t = &owned.transport();
+    t->stick_puts(release.get_future().share());
+    owned.proxy().push(0, proxy::op_code::put, 1, 0, 0, 8, 0, 0, deadline::after(10s));
+    REQUIRE(eventually([&] { return t->in_stuck_put(); }));
+  }
+  CHECK(proxy::engine<scripted_transport>::abandoned_threads() == before + 1);
+  CHECK(t->left_open());
+  const std::uint64_t calls = t->progress_calls();
+  release.set_value();
+  CHECK(eventually([&] { return t->progress_calls() > calls; }));
 }
 
 TEST_CASE("a descriptor naming no valid peer or op stops the proxy with an error") {

@@ -18,6 +18,10 @@ EPCOMM_DISPATCH_COMBINE_SUITE(epcomm::libfabric::transport);
 
 using namespace epcomm;
 
+// A buffer whose proxy thread is left stuck in the provider keeps the
+// transport open and unlinks only its shm files (proxy/transport_with_proxy.hpp).
+static_assert(has_leave_open<libfabric::transport>);
+
 TEST_CASE("remote CQ data carries slot and increment in 32 bits") {
   for (std::size_t slot : {std::size_t{0}, std::size_t{1}, libfabric::max_signal_slots - 1}) {
     for (std::uint64_t n : {std::uint64_t{0}, std::uint64_t{1}, libfabric::max_signal_increment}) {

@@ -18,7 +18,7 @@
 #include "epcomm/core/error.hpp"
 #include "epcomm/cuda/gpu_proxy.hpp"
 #include "epcomm/proxy/channel.hpp"
-#include "epcomm/proxy/proxy_if.hpp"
+#include "epcomm/proxy/transport_with_proxy.hpp"
 #include "epcomm/transport/peer_table.hpp"
 #include "epcomm/transport/rma/symmetric_memory.hpp"
 
@@ -40,38 +40,38 @@ class device_link {
   template <class B>
   device_link(B& boot, std::size_t bytes, std::size_t slots, const deadline& setup,
               std::chrono::milliseconds timeout, proxy::memory_kind rma_memory, int channels)
-      : transport_(make_transport(boot, bytes, slots, setup, timeout, rma_memory)),
-        proxy_(transport_, gpu_proxy_options{.channels = channels, .timeout = timeout}) {}
+      : owned_([&] { return make_transport(boot, bytes, slots, setup, timeout, rma_memory); },
+               gpu_proxy_options{.channels = channels, .timeout = timeout}) {}
 
-  Transport& transport() { return transport_; }
+  Transport& transport() { return owned_.transport(); }
 
   // The start of this rank's symmetric buffer, as kernels address it.
   std::byte* local_buffer() {
     if constexpr (via_proxy)
-      return proxy_.device_buffer();
+      return proxy().device_buffer();
     else
-      return transport_.local_device_buffer().data();
+      return transport().local_device_buffer().data();
   }
 
   // What kernels reach peers with.
   peer_table peers() {
     if constexpr (via_proxy) {
       peer_table t{};
-      t.rank = transport_.rank();
-      t.world_size = transport_.world_size();
-      t.buffer[t.rank] = proxy_.device_buffer();
+      t.rank = transport().rank();
+      t.world_size = transport().world_size();
+      t.buffer[t.rank] = proxy().device_buffer();
       // Kernels only read the counters; the proxy adds to them.
-      t.signals[t.rank] = const_cast<std::uint64_t*>(proxy_.device_counters());
+      t.signals[t.rank] = const_cast<std::uint64_t*>(proxy().device_counters());
       return t;
     } else {
-      return transport_.device_handle();
+      return transport().device_handle();
     }
   }
 
   // Over RMA: channel c of the proxy.
   proxy::channel channel(int c) const {
     if constexpr (via_proxy)
-      return proxy_.channel(c);
+      return proxy().channel(c);
     else
       return {};
   }
@@ -81,9 +81,9 @@ class device_link {
   // has failed.
   error with_proxy_cause(const error& e) {
     if constexpr (via_proxy) {
-      if (proxy_.engine().failed()) {
+      if (proxy().engine().failed()) {
         try {
-          proxy_.engine().rethrow();
+          proxy().engine().rethrow();
         } catch (const error& cause) {
           return error(e.rank(), e.op(), cause.peer(),
                        e.cause() + ": " + cause.op() + ": " + cause.cause());
@@ -111,8 +111,10 @@ class device_link {
     }
   }
 
-  Transport transport_;
-  proxy::proxy_if<via_proxy, gpu_proxy, Transport> proxy_;  // after transport_: stops first
+  auto& proxy() requires via_proxy { return owned_.proxy(); }
+  const auto& proxy() const requires via_proxy { return owned_.proxy(); }
+
+  proxy::transport_with_proxy<via_proxy, gpu_proxy, Transport> owned_;
 };
 
 }  // namespace epcomm::cuda

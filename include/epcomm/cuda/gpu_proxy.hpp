@@ -100,6 +100,11 @@ class gpu_proxy {
   // kernel's proxy_failed status.
   proxy::engine<Transport>& engine() { return *engine_; }
 
+  // The engine's stop(): false when its thread is left behind in a
+  // transport call, which may still read the rings and the transport's
+  // mappings, so this is then kept, never destroyed.
+  bool stop() { return engine_->stop(); }
+
  private:
   [[noreturn]] void fail(const std::string& cause) const {
     throw error(rank_, "gpu proxy setup", no_peer, cause);

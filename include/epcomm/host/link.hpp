@@ -25,7 +25,7 @@
 #include "epcomm/core/deadline.hpp"
 #include "epcomm/core/error.hpp"
 #include "epcomm/proxy/engine.hpp"
-#include "epcomm/proxy/proxy_if.hpp"
+#include "epcomm/proxy/transport_with_proxy.hpp"
 #include "epcomm/transport/concepts.hpp"
 
 namespace epcomm {
@@ -39,17 +39,17 @@ class host_link {
   // `make()` builds the transport (collective, as its constructor is).
   template <class Make>
   explicit host_link(Make&& make, int channels = 1)
-      : transport_(std::forward<Make>(make)()),
-        proxy_(transport_, proxy::engine_options{.channels = channels}) {}
+      : owned_(std::forward<Make>(make), proxy::engine_options{.channels = channels}) {}
 
-  T& transport() { return transport_; }
-  int rank() const { return transport_.rank(); }
+  T& transport() { return owned_.transport(); }
+  const T& transport() const { return owned_.transport(); }
+  int rank() const { return owned_.transport().rank(); }
 
-  std::byte* local(std::size_t offset) { return transport_.local_buffer().data() + offset; }
+  std::byte* local(std::size_t offset) { return transport().local_buffer().data() + offset; }
 
   // Peer i's buffer at `offset`, for direct stores and loads.
   std::byte* peer(int i, std::size_t offset) requires(!via_proxy) {
-    return transport_.peer_ptr(i, offset);
+    return transport().peer_ptr(i, offset);
   }
 
   // True when this rank stores into i's buffer itself: every peer over a
@@ -61,7 +61,7 @@ class host_link {
     if constexpr (via_proxy)
       return local(remote);
     else
-      return transport_.peer_ptr(i, remote);
+      return transport().peer_ptr(i, remote);
   }
 
   // Where this rank writes the bytes i will read at `remote`: i's buffer
@@ -70,14 +70,14 @@ class host_link {
     if constexpr (via_proxy)
       return local(staged);
     else
-      return transport_.peer_ptr(i, remote);
+      return transport().peer_ptr(i, remote);
   }
 
   // Hands over `bytes` written at outgoing(i, remote, staged).
   void put(int channel, int i, std::size_t staged, std::size_t remote, std::size_t bytes,
            const deadline& dl) {
     if constexpr (via_proxy)
-      proxy_.push(channel, proxy::op_code::put, i, staged, remote, bytes, 0, 0, dl);
+      proxy().push(channel, proxy::op_code::put, i, staged, remote, bytes, 0, 0, dl);
   }
 
   // put(), then adds 1 to i's counter `slot` once those bytes and every
@@ -85,46 +85,47 @@ class host_link {
   void put_signal(int channel, int i, std::size_t staged, std::size_t remote, std::size_t bytes,
                   std::size_t slot, const deadline& dl) {
     if constexpr (via_proxy)
-      proxy_.push(channel, proxy::op_code::put_signal, i, staged, remote, bytes, slot, 1, dl);
+      proxy().push(channel, proxy::op_code::put_signal, i, staged, remote, bytes, slot, 1, dl);
     else
-      transport_.signal_add(i, slot, 1);
+      transport().signal_add(i, slot, 1);
   }
 
   // Adds 1 to i's counter `slot` after every earlier write to i.
   void signal(int channel, int i, std::size_t slot, const deadline& dl) {
     if constexpr (via_proxy)
-      proxy_.push(channel, proxy::op_code::signal, i, 0, 0, 0, slot, 1, dl);
+      proxy().push(channel, proxy::op_code::signal, i, 0, 0, 0, slot, 1, dl);
     else
-      transport_.signal_add(i, slot, 1);
+      transport().signal_add(i, slot, 1);
   }
 
   // Over RMA: returns once every put `channel` handed over is complete, so
   // the staging area it read may be written again.
   void quiet(int channel, const deadline& dl) {
-    if constexpr (via_proxy) proxy_.quiet(channel, dl);
+    if constexpr (via_proxy) proxy().quiet(channel, dl);
   }
 
   // The proxy behind a channel_writer's calls, for the routes.
   auto writer(int channel, const deadline& dl) requires via_proxy {
-    return proxy_.writer(channel, dl);
+    return proxy().writer(channel, dl);
   }
 
   // Gives up on the group where the transport can (peers waiting in it fail
   // at once), blaming `culprit` (a peer of this transport, or no_peer).
   void abort(int culprit = no_peer) {
-    if constexpr (has_abort<T>) transport_.abort(culprit);
+    if constexpr (has_abort<T>) transport().abort(culprit);
   }
 
   bool aborted() const {
     if constexpr (has_abort<T>)
-      return transport_.aborted();
+      return transport().aborted();
     else
       return false;
   }
 
  private:
-  T transport_;
-  proxy::proxy_if<via_proxy, proxy::engine, T> proxy_;  // after transport_: stops before it closes
+  auto& proxy() requires via_proxy { return owned_.proxy(); }
+
+  proxy::transport_with_proxy<via_proxy, proxy::engine, T> owned_;
 };
 
 }  // namespace epcomm

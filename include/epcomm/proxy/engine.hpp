@@ -15,11 +15,14 @@
 // progressed until the engine is destroyed, so that peers' operations on this
 // rank's memory complete even after it failed or aborted.
 //
-// Destruction waits for the thread, unless it has been inside one transport
-// call for longer than stuck_after: calls never block on a peer, so such a
-// thread is stuck in the provider for good (over libfabric's shm provider:
-// spinning on a lock a dead peer held). It is detached, not joined: the
-// process leaks a spinning thread instead of hanging (abandoned_threads()).
+// stop() (and destruction) waits for the thread, unless it has been inside
+// one transport call for longer than stuck_after: calls never block on a
+// peer, so such a thread is stuck in the provider, most likely for good
+// (over libfabric's shm provider: spinning on a lock a dead peer held). It
+// is detached, not joined: the process leaks a spinning thread instead of
+// hanging (abandoned_threads()), and the engine's owner leaks the engine and
+// its transport with it (transport_with_proxy.hpp), so that a call that does
+// return finds them where they were, not freed or their memory reused.
 #pragma once
 
 #include <sched.h>
@@ -134,22 +137,34 @@ class engine {
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
-  // Waits (up to drain_timeout) for what is in flight, then stops the thread.
-  ~engine() {
+  // Waits (up to drain_timeout) for what is in flight, then stops the
+  // thread. True once it has ended; false when it is left behind, stuck in
+  // a transport call: it may still come back to this engine and its
+  // transport at any time, so their owner keeps both allocated for the
+  // process's life (proxy/transport_with_proxy.hpp). Later calls return the
+  // same answer.
+  bool stop() {
+    if (!thread_.joinable()) return !left_behind_;
     stop_.store(true, std::memory_order_release);
     while (!finished_.load(std::memory_order_acquire)) {
       const auto since = call_since_.load(std::memory_order_acquire);
       if (since != 0 && steady::now().time_since_epoch().count() - since > stuck_after_ticks()) {
         thread_.detach();
+        left_behind_ = true;
         abandoned_.fetch_add(1, std::memory_order_relaxed);
-        return;
+        return false;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     thread_.join();
+    return true;
   }
 
-  // Proxy threads of this process detached at destruction, stuck in a
+  // An owner that cannot keep the engine (a test's) still never waits on a
+  // stuck thread; one that can calls stop() first.
+  ~engine() { stop(); }
+
+  // Proxy threads of this process left behind by stop(), stuck in a
   // transport call.
   static std::size_t abandoned_threads() { return abandoned_.load(std::memory_order_relaxed); }
 
@@ -351,6 +366,7 @@ class engine {
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};       // run() has returned but for its last instruction
   std::atomic<steady::rep> call_since_{0};  // when the running transport call began; 0: none
+  bool left_behind_ = false;                // stop() detached the thread (owner's thread only)
   inline static std::atomic<std::size_t> abandoned_{0};
   failure_latch failure_;
   std::thread thread_;

@@ -146,6 +146,17 @@ concept has_serve = requires(T& t) {
   { t.serve() } -> std::same_as<void>;
 };
 
+// leave_open(): the transport is about to be left, never destroyed, because
+// a proxy thread stuck inside its provider may still use it
+// (proxy/transport_with_proxy.hpp); it releases what outlives the process
+// and needs no provider call (libfabric's shm files). A transport without
+// it simply stays as it is.
+template <class T>
+concept has_leave_open = requires(T& t) {
+  t.leave_open();
+  requires noexcept(t.leave_open());
+};
+
 // An RMA transport a CUDA kernel can drive through the proxy (cuda::gpu_proxy):
 // the engine's contract, plus its counters and the placement of its buffer.
 template <class T>

@@ -180,16 +180,22 @@ class transport : public proxy::rma_transport_base {
     const deadline dl = teardown_deadline();
     std::unique_lock lock(mu_, std::defer_lock);
     if (!lock_by(lock, dl)) {
-      abandoned_.fetch_add(1, std::memory_order_relaxed);
-      if (over_shm()) {
-        for (const std::string& a : shm_addresses_) shm_regions::remove_own(a);
-        shm_regions::remove_orphans();
-      }
+      leave_open();
       return;
     }
     drain([&] { return !busy(); }, dl, [&] { progress_locked(); });
     lock.unlock();
     close();
+  }
+
+  // See has_leave_open: the provider's objects stay open, and only this
+  // rank's files of the shm provider (and dead processes') are unlinked.
+  void leave_open() noexcept {
+    abandoned_.fetch_add(1, std::memory_order_relaxed);
+    if (over_shm()) {
+      for (const std::string& a : shm_addresses_) shm_regions::remove_own(a);
+      shm_regions::remove_orphans();
+    }
   }
 
   // Transports of this process whose teardown found the data path held up
