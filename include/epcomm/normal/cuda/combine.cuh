@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(combine_threads)
   __shared__ int return_row[peer_table::max_ranks];
   __shared__ std::byte* target[combine_warps];
   const auto [rep, world, rank, warp, lane] = thread_of<Ranks>(a);
-  if (is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const bool accepted = a.ws.accepted[0] != 0 && a.ws.accepted[1] != 0;
 
   for (int s = threadIdx.x; s <= world; s += blockDim.x) {
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(combine_threads)
   extern __shared__ std::byte dyn[];
   __shared__ int first_row[peer_table::max_ranks];
   const auto [rep, world, rank, warp, lane] = thread_of<Ranks>(a);
-  if (is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const bool accepted = a.ws.accepted[0] != 0 && a.ws.accepted[1] != 0;
 
   bool ok = true;

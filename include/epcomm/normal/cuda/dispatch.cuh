@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(dispatch_threads)
   extern __shared__ std::byte dyn[];
   __shared__ int dest_base[peer_table::max_ranks];
   const auto [rep, world, rank, warp, lane] = thread_of<Ranks>(a);
-  if (is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const bool accepted = a.ws.accepted[0] != 0;
   const unsigned senders = gridDim.x - 1;
 

@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(layout_threads)
   __shared__ typename scan::TempStorage scan_storage;
   extern __shared__ int expert_count[];  // [E/R] for this block's rank
 
-  if (is_broken(a.ws.rep)) return;
+  if (block_is_broken(a.ws.rep)) return;
   const int world = Ranks > 0 ? Ranks : a.peers.world_size;
   const int per_rank = a.num_experts / world;
   const int k_max = a.topk;

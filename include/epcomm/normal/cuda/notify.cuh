@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(notify_threads)
   __shared__ wire::notify_header hdr;
   __shared__ std::uint64_t epoch;
   report* rep = a.ws.rep;
-  if (is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const int world = Ranks > 0 ? Ranks : a.peers.world_size;
   const int rank = a.peers.rank;
   const int per_rank = a.num_experts / world;
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(notify_threads)
   __shared__ wire::combine_header hdr;
   __shared__ std::uint64_t epoch;
   report* rep = a.ws.rep;
-  if (is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const int world = Ranks > 0 ? Ranks : a.peers.world_size;
   const int rank = a.peers.rank;
   const std::size_t slot_bytes = a.plan.combine_status_slot_bytes;
