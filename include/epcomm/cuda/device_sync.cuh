@@ -1,6 +1,7 @@
 // Device-side signalling both modes' kernels share: system-scope release adds
 // and acquire loads on 64-bit signal counters, the globaltimer clock their
-// deadlines read, and the abort relay (cuda/abort_link.hpp). What a failed
+// deadlines read, the abort relay (cuda/abort_link.hpp), and the look at the
+// sticky `broken` flag both modes' reports carry. What a failed
 // wait records is each mode's own (normal/cuda/sync.cuh,
 // low_latency/cuda/sync.cuh).
 //
@@ -26,6 +27,22 @@ std::uint64_t host_load_acquire(const std::uint64_t* p);
 void host_add_release(std::uint64_t* p, std::uint64_t n);
 std::uint64_t host_now_ns();
 #endif
+
+// Whether a call's report (normal/report.hpp, low_latency/report.hpp) has
+// its sticky `broken` flag set: every waiter of the rank then gives up.
+template <class Report>
+__device__ __forceinline__ bool is_broken(const Report* rep) {
+  return *reinterpret_cast<const volatile std::int32_t*>(&rep->broken) != 0;
+}
+
+// is_broken for a kernel's start, answered for the whole block at once
+// (every thread calls it): another block may break the call between one
+// warp's look and the next's, and a block whose threads part there meets
+// its next barrier short of the ones that left.
+template <class Report>
+__device__ __forceinline__ bool block_is_broken(const Report* rep) {
+  return __syncthreads_or(is_broken(rep) ? 1 : 0) != 0;
+}
 
 __device__ __forceinline__ std::uint64_t load_acquire(const std::uint64_t* p) {
 #if defined(EPCOMM_DEVICE_CODE_ON_HOST)

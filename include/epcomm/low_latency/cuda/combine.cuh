@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(ll_threads)
   __shared__ unsigned long long first_diff;  // lowest topk_idx entry that differs
   __shared__ ll_gone gone;
   const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
-  if (ll_block_is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const int el = s.local_experts();
   const int k = a.topk;
   const std::uint64_t epoch = a.ws.combine_epoch[p] + 1;
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(ll_threads)
   extern __shared__ __align__(16) std::byte smem[];
   __shared__ int accepted;
   const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
-  if (ll_block_is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const std::uint64_t epoch = a.ws.combine_epoch[p];
   const bool self_ok = a.ws.combine_ok[p] != 0;
   const auto* words =

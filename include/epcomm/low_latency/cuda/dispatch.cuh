@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(ll_threads)
   __shared__ int first_overflow;            // lowest expert named more often than it has slots
   __shared__ ll_gone gone;
   const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
-  if (ll_block_is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const int experts = s.num_experts;
   const int k = a.topk;
   const std::uint64_t epoch = a.ws.dispatch_epoch[p] + 1;
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(ll_threads)
     ll_dispatch_recv_kernel(const __grid_constant__ ll_args a) {
   __shared__ int begin, count, unpack;
   const auto [rep, s, world, rank, p, warp, lane] = ll_thread_of(a);
-  if (ll_block_is_broken(rep)) return;
+  if (block_is_broken(rep)) return;
   const std::uint64_t epoch = a.ws.dispatch_epoch[p];
   const bool self_ok = a.ws.dispatch_ok[p] != 0;
   const auto* words =

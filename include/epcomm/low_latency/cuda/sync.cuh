@@ -13,18 +13,6 @@
 
 namespace epcomm::cuda::device {
 
-__device__ __forceinline__ bool ll_is_broken(const ll_report* rep) {
-  return *reinterpret_cast<const volatile std::int32_t*>(&rep->broken) != 0;
-}
-
-// ll_is_broken for a kernel's start, answered for the whole block at once
-// (every thread calls it): another block may break the call between one
-// warp's look and the next's, and a block whose threads part there meets
-// its next barrier short of the ones that left.
-__device__ __forceinline__ bool ll_block_is_broken(const ll_report* rep) {
-  return __syncthreads_or(ll_is_broken(rep) ? 1 : 0) != 0;
-}
-
 // Records `r` (filled by a verdict function) unless a failure the host has
 // not read yet is pending: the first one of a call wins. A breaking failure
 // also sets `broken`, which makes every other waiter of this rank give up,
@@ -80,7 +68,7 @@ __device__ inline bool ll_wait(const std::uint64_t* counter, std::uint64_t expec
   };
   return wait_bounded(
       counter, expected, timeout_ns,
-      [&] { return ll_is_broken(rep) || ll_peer_aborted(rep, link, op, what) || gave_up(); }, late,
+      [&] { return is_broken(rep) || ll_peer_aborted(rep, link, op, what) || gave_up(); }, late,
       waited_ns);
 }
 

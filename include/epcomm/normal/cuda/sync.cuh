@@ -13,18 +13,6 @@
 
 namespace epcomm::cuda::device {
 
-__device__ __forceinline__ bool is_broken(const report* rep) {
-  return *reinterpret_cast<const volatile std::int32_t*>(&rep->broken) != 0;
-}
-
-// is_broken for a kernel's start, answered for the whole block at once
-// (every thread calls it): another block may break the call between one
-// warp's look and the next's, and a block whose threads part there meets
-// its next barrier short of the ones that left.
-__device__ __forceinline__ bool block_is_broken(const report* rep) {
-  return __syncthreads_or(is_broken(rep) ? 1 : 0) != 0;
-}
-
 // Records `r` (filled by a verdict, judge_notify or judge_combine, or by a
 // failed wait) unless an earlier failure is pending.
 __device__ inline void report_verdict(report* rep, const report& r) {
