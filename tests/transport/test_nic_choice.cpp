@@ -118,6 +118,58 @@ TEST_CASE("EPCOMM_FI_DOMAIN: one name for every rank, or one per local rank in t
   CHECK(domain_override("a,,b", 1) == "b");
 }
 
+TEST_CASE("rails: a GPU's rank takes every device behind its switch, rail 0 first") {
+  const topology p5 = load("p5.48xlarge.pci");
+  std::set<std::string> taken;
+  for (int r = 0; r < 8; ++r) {
+    const std::vector<std::size_t> rails = choose_nics(p5.nics, p5.gpus[r], r, 8, 0);
+    REQUIRE(rails.size() == 4);  // four EFA devices behind each GPU's switch
+    CHECK(rails[0] == choose_nic(p5.nics, p5.gpus[r], r, 8));
+    for (std::size_t i : rails) {
+      CHECK(switch_of(p5.nics[i].path) == switch_of(p5.gpus[r]));
+      taken.insert(p5.nics[i].domain);
+    }
+  }
+  CHECK(taken.size() == 32);
+  // Two rails asked of four devices: the first two from the rank's start.
+  CHECK(choose_nics(p5.nics, p5.gpus[0], 0, 8, 2) == std::vector<std::size_t>{0, 1});
+}
+
+TEST_CASE("rails: host memory gives each rank its share of the devices") {
+  const topology p5 = load("p5.48xlarge.pci");
+  std::set<std::size_t> taken;
+  for (int r = 0; r < 8; ++r) {
+    const std::vector<std::size_t> rails = choose_nics(p5.nics, {}, r, 8, 0);
+    REQUIRE(rails.size() == 4);
+    CHECK(rails[0] == choose_nic(p5.nics, {}, r, 8));
+    taken.insert(rails.begin(), rails.end());
+  }
+  CHECK(taken.size() == 32);  // the shares do not overlap
+  // Fewer devices than ranks: one each, as for one rail.
+  const std::vector<nic> two{{"d0", {"pci0000:00", "0000:00:02.0"}},
+                             {"d1", {"pci0000:00", "0000:00:03.0"}}};
+  CHECK(choose_nics(two, {}, 2, 4, 0) == std::vector<std::size_t>{1});
+}
+
+TEST_CASE("rails: more rails than devices come round again; loopback gives one device") {
+  const std::vector<nic> nics{
+      {"a0", {"cpu0", "A", "n0"}}, {"far", {"cpu0", "B", "n2"}}, {"a1", {"cpu0", "A", "n1"}}};
+  const std::vector<std::string> gpu1{"cpu0", "A", "g1"};
+  CHECK(choose_nics(nics, gpu1, 1, 2, 3) == std::vector<std::size_t>{2, 0, 2});
+  const std::vector<nic> lo{{"lo", {}}};
+  CHECK(choose_nics(lo, {}, 3, 4, 0) == std::vector<std::size_t>{0});
+  CHECK(choose_nics(lo, {}, 3, 4, 2) == std::vector<std::size_t>{0, 0});
+}
+
+TEST_CASE("EPCOMM_FI_DOMAIN with rails: each local rank reads as many entries as it has rails") {
+  const char* list = "a,b,c,d";
+  CHECK(domain_override(list, 0, 0, 2) == "a");
+  CHECK(domain_override(list, 0, 1, 2) == "b");
+  CHECK(domain_override(list, 1, 0, 2) == "c");
+  CHECK(domain_override(list, 1, 1, 2) == "d");
+  CHECK(domain_override(list, 2, 1, 2) == "b");  // round again
+}
+
 TEST_CASE("PCIe paths from sysfs") {
   CHECK(pci_path("/sys/devices/pci0000:00/0000:00:01.0/0000:4f:00.0") ==
         std::vector<std::string>{"pci0000:00", "0000:00:01.0", "0000:4f:00.0"});

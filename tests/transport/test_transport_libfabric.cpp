@@ -59,6 +59,85 @@ TEST_CASE("writes above max_write are split, and large increments too") {
   CHECK(test::all_ok(codes, "split writes"));
 }
 
+TEST_CASE("rails: a large put is cut into one piece per rail, a small one goes whole") {
+  INFO("provider:", test::provider_environment());
+  constexpr std::size_t large = (1 << 20) + 5, small = 1000;
+  const auto codes = launch_local(2, [&](local_bootstrap& boot) {
+    ::unsetenv("EPCOMM_FI_RAILS");  // the options' count, whatever the suite's run asks
+    const int rank = boot.rank(), peer = 1 - rank;
+    const deadline dl = deadline::after(std::chrono::seconds(60));
+    libfabric::options opt;
+    opt.rails = 3;
+    opt.stripe_min = 64 << 10;
+    libfabric::transport t(boot, 2 * large, 1, dl, opt);
+    if (t.rails() != 3) return test::fail_rank(rank, "3 rails asked, " + std::to_string(t.rails()));
+    auto buf = t.local_buffer();
+    for (std::size_t i = 0; i < large; ++i) buf[i] = test::pattern(rank, peer, i);
+    const std::vector<std::uint64_t> before = t.rail_writes();
+    // Three pieces of whole pages (352,256 + 352,256 + 344,069 bytes), one per
+    // rail; the signal waits for all three.
+    t.put_signal(peer, 0, large, large, 0, 1);
+    t.wait(0, 1, dl, {"rails test", peer, "the striped block"});
+    for (std::size_t i = 0; i < large; ++i)
+      if (buf[large + i] != test::pattern(peer, rank, i))
+        return test::fail_rank(rank, "striped byte " + std::to_string(i) + " wrong");
+    const std::vector<std::uint64_t> striped = t.rail_writes();
+    for (std::size_t k = 0; k < 3; ++k)
+      if (striped[k] - before[k] != 1)
+        return test::fail_rank(rank, "rail " + std::to_string(k) + " carried " +
+                                         std::to_string(striped[k] - before[k]) +
+                                         " writes of the striped put, not 1");
+    if (!test::complete_until(t, 1, dl))
+      return test::fail_rank(rank, "striped put never completed");
+    // Two small puts after it: one write each, on rails in turn.
+    for (std::uint64_t n = 2; n <= 3; ++n) {
+      t.put_signal(peer, 0, large, small, 0, 1);
+      t.wait(0, n, dl, {"rails test", peer, "a small block"});
+      if (!test::complete_until(t, n, dl))
+        return test::fail_rank(rank, "small put never completed");
+    }
+    const std::vector<std::uint64_t> after = t.rail_writes();
+    std::uint64_t moved = 0, rails_used = 0;
+    for (std::size_t k = 0; k < 3; ++k) {
+      moved += after[k] - striped[k];
+      rails_used += after[k] != striped[k] ? 1 : 0;
+    }
+    if (moved != 2 || rails_used != 2)
+      return test::fail_rank(rank, "two small puts took " + std::to_string(moved) + " writes on " +
+                                       std::to_string(rails_used) + " rails");
+    t.barrier(dl);
+    return 0;
+  });
+  CHECK(test::all_ok(codes, "rails"));
+}
+
+TEST_CASE("rails: counts that differ between ranks, or a count out of range, are setup errors") {
+  const auto codes = launch_local(2, [](local_bootstrap& boot) {
+    ::unsetenv("EPCOMM_FI_RAILS");
+    libfabric::options opt;
+    opt.rails = boot.rank() == 0 ? 2 : 1;
+    try {
+      libfabric::transport t(boot, 4096, 1, deadline::after(std::chrono::seconds(30)), opt);
+      return test::fail_rank(boot.rank(), "ranks with 2 and 1 rails were connected");
+    } catch (const error& e) {
+      if (std::string(e.what()).find("rail counts disagree") == std::string::npos)
+        return test::fail_rank(boot.rank(), e.what());
+    }
+    for (const char* bad : {"0", "9", "two"}) {
+      ::setenv("EPCOMM_FI_RAILS", bad, 1);
+      try {
+        libfabric::transport t(boot, 4096, 1, deadline::after(std::chrono::seconds(3)));
+        return test::fail_rank(boot.rank(), std::string("EPCOMM_FI_RAILS=") + bad + " accepted");
+      } catch (const error& e) {
+        if (std::string(e.what()).find("is not a rail count from 1 to 8") == std::string::npos)
+          return test::fail_rank(boot.rank(), e.what());
+      }
+    }
+    return 0;
+  });
+  CHECK(test::all_ok(codes, "rail counts"));
+}
+
 TEST_CASE("an unknown provider is an error that says what was asked for") {
   const auto codes = launch_local(1, [](local_bootstrap& boot) {
     libfabric::options opt;

@@ -3,21 +3,25 @@
 // libfabric lists one fi_info per device; taking the first, every rank of an
 // 8-GPU node would share one of its EFA devices (a P5 has 32, four behind
 // each GPU's PCIe switch). A rank takes instead:
-//   - the device EPCOMM_FI_DOMAIN names: a comma-separated list of domain
-//     names, entry local_rank % count for this rank (one name: every rank);
-//   - else, with its data region in GPU memory, a device nearest the GPU:
-//     the longest common stretch of their PCIe paths from the root complex
-//     (the same switch before the same root port), ties spread by local
-//     rank, so that GPUs sharing a switch take different devices;
+//   - the devices EPCOMM_FI_DOMAIN names: a comma-separated list of domain
+//     names, read `rails` entries per local rank (one name: every rank);
+//   - else, with its data region in GPU memory, the devices nearest the
+//     GPU: the longest common stretch of their PCIe paths from the root
+//     complex (the same switch before the same root port), ties spread by
+//     local rank, so that GPUs sharing a switch start on different devices;
 //   - else (host memory), the node's ranks spread evenly over the devices
-//     on the PCI bus, in their listed order (device local_rank * devices /
-//     local_ranks); devices libfabric places on no bus (loopback, a
-//     provider that does not say) are never spread over: with none on the
-//     bus, libfabric's first choice, as before.
+//     on the PCI bus, in their listed order (each rank's share starts at
+//     device local_rank * devices / local_ranks); devices libfabric places
+//     on no bus (loopback, a provider that does not say) are never spread
+//     over: with none on the bus, libfabric's first choice, as before.
+// Rail 0 is the first of those; further rails (transport.hpp stripes large
+// puts over them) take the next ones in turn, and come round again when
+// there are more rails than devices: several endpoints on one device.
 // Pure functions over names and paths; transport.hpp reads them from
 // fi_info, sysfs and CUDA.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -53,8 +57,10 @@ inline std::size_t common_prefix(const std::vector<std::string>& a,
   return n;
 }
 
-// The entry of EPCOMM_FI_DOMAIN's list for this rank; empty when unset.
-inline std::string domain_override(const char* value, int local_rank) {
+// The entry of EPCOMM_FI_DOMAIN's list for rail `rail` of `rails` of this
+// rank; empty when unset.
+inline std::string domain_override(const char* value, int local_rank, std::size_t rail = 0,
+                                   std::size_t rails = 1) {
   std::vector<std::string> names;
   for (std::string_view v = value ? value : ""; !v.empty();) {
     const std::size_t comma = v.find(',');
@@ -62,13 +68,21 @@ inline std::string domain_override(const char* value, int local_rank) {
     if (comma == std::string_view::npos) break;
     v.remove_prefix(comma + 1);
   }
-  return names.empty() ? std::string{} : names[static_cast<std::size_t>(local_rank) % names.size()];
+  const std::size_t lr = static_cast<std::size_t>(local_rank < 0 ? 0 : local_rank);
+  return names.empty() ? std::string{} : names[(lr * rails + rail) % names.size()];
 }
 
-// The index in `nics` (not empty) this rank drives, by the rules above
-// (without the override). `gpu`: the GPU's PCIe path, empty for host memory.
-inline std::size_t choose_nic(const std::vector<nic>& nics, const std::vector<std::string>& gpu,
-                              int local_rank, int local_ranks) {
+// The devices a rank may drive, by the rules above (without the override),
+// and which of them its rail 0 takes.
+struct nic_candidates {
+  std::vector<std::size_t> devices;  // indices into the nics given
+  std::size_t first = 0;             // index into devices
+};
+
+// `nics`: not empty. `gpu`: the GPU's PCIe path, empty for host memory.
+inline nic_candidates nic_candidates_for(const std::vector<nic>& nics,
+                                         const std::vector<std::string>& gpu, int local_rank,
+                                         int local_ranks) {
   const std::size_t lr = static_cast<std::size_t>(local_rank < 0 ? 0 : local_rank);
   if (!gpu.empty()) {
     std::size_t best = 0;
@@ -81,14 +95,39 @@ inline std::size_t choose_nic(const std::vector<nic>& nics, const std::vector<st
       }
       if (shared == best && shared > 0) nearest.push_back(i);
     }
-    if (!nearest.empty()) return nearest[lr % nearest.size()];
+    if (!nearest.empty()) return {nearest, lr % nearest.size()};
   }
   std::vector<std::size_t> on_bus;
   for (std::size_t i = 0; i < nics.size(); ++i)
     if (!nics[i].path.empty()) on_bus.push_back(i);
-  if (on_bus.empty()) return 0;
+  if (on_bus.empty()) return {{0}, 0};
+  // This rank's share of the devices; with fewer devices than ranks, the
+  // one its share would start at.
   const std::size_t ranks = static_cast<std::size_t>(local_ranks < 1 ? 1 : local_ranks);
-  return on_bus[lr % ranks * on_bus.size() / ranks];
+  const std::size_t begin = lr % ranks * on_bus.size() / ranks;
+  const std::size_t end = std::max(begin + 1, (lr % ranks + 1) * on_bus.size() / ranks);
+  return {{on_bus.begin() + static_cast<std::ptrdiff_t>(begin),
+           on_bus.begin() + static_cast<std::ptrdiff_t>(end)},
+          0};
+}
+
+// The index in `nics` (not empty) rail 0 of this rank drives.
+inline std::size_t choose_nic(const std::vector<nic>& nics, const std::vector<std::string>& gpu,
+                              int local_rank, int local_ranks) {
+  const nic_candidates c = nic_candidates_for(nics, gpu, local_rank, local_ranks);
+  return c.devices[c.first];
+}
+
+// The indices in `nics` (not empty) this rank's rails drive, rail by rail;
+// `rails` 0: one rail per candidate device.
+inline std::vector<std::size_t> choose_nics(const std::vector<nic>& nics,
+                                            const std::vector<std::string>& gpu, int local_rank,
+                                            int local_ranks, std::size_t rails) {
+  const nic_candidates c = nic_candidates_for(nics, gpu, local_rank, local_ranks);
+  std::vector<std::size_t> out;
+  for (std::size_t k = 0; k < (rails == 0 ? c.devices.size() : rails); ++k)
+    out.push_back(c.devices[(c.first + k) % c.devices.size()]);
+  return out;
 }
 
 }  // namespace epcomm::libfabric

@@ -16,6 +16,15 @@
 //   flush       completes once every earlier write to the peer has completed;
 //   self        memcpy and a local counter add.
 //
+// Rails (nic_choice.hpp): a rank may drive several devices, or several
+// endpoints of one, each with its own completion queue, address vector and
+// registrations of both regions. A put starts on the next rail in turn and
+// one of at least options::stripe_min bytes is cut into one piece per rail
+// (each split at max_write as before); signals go on rail 0. The receiver
+// reads every rail's queue and counts signals the same wherever they land,
+// and a signal still waits for every earlier write to the peer, on any
+// rail: striping needs no ordering between rails.
+//
 // A write the provider refuses with -FI_EAGAIN waits in a per-peer queue and
 // is posted again by progress(): no call blocks on a peer that stops
 // draining. Completion errors are read with fi_cq_readerr and reported, with
@@ -118,7 +127,16 @@ struct options {
   // Where local_buffer() lives. CUDA device memory (EPCOMM_WITH_CUDA) needs a
   // provider with FI_HMEM; only CUDA producers can then fill it.
   proxy::memory_placement memory{};
+  // Endpoints this rank drives (rails), up to max_rails; 0: one per device
+  // nic_choice.hpp finds for the rank (one where none is on the PCI bus,
+  // or EPCOMM_FI_DOMAIN names them). EPCOMM_FI_RAILS overrides it. Every
+  // rank must end up with as many.
+  std::size_t rails = 0;
+  // Puts of at least this many bytes are striped over the rails.
+  std::size_t stripe_min = std::size_t{128} << 10;
 };
+
+inline constexpr std::size_t max_rails = 8;
 
 // Remote CQ data: bits 0-19 the signal slot, bits 20-31 the increment.
 inline constexpr int signal_slot_bits = 20;
@@ -154,7 +172,7 @@ class transport : public proxy::rma_transport_base {
                       std::to_string(max_signal_slots) + " that remote CQ data can name");
     try {
       allocate_memory(opt.memory);  // first: device memory may be refused before any fabric call
-      open_endpoint(opt, boot.local_rank(), boot.local_world_size());
+      open_endpoints(opt, boot.local_rank(), boot.local_world_size());
       register_memory();
       exchange(boot, dl);
       boot.barrier(dl);  // every peer's endpoint, registration and addresses are ready
@@ -165,8 +183,16 @@ class transport : public proxy::rma_transport_base {
     }
   }
 
-  // The libfabric domain (network device) this rank drives: see nic_choice.hpp.
-  const std::string& domain() const { return domain_name_; }
+  // The libfabric domain (network device) rail `rail` drives: see nic_choice.hpp.
+  const std::string& domain(std::size_t rail = 0) const { return rails_.at(rail).domain_name; }
+  std::size_t rails() const { return rails_.size(); }
+  // Data writes issued on each rail since construction.
+  std::vector<std::uint64_t> rail_writes() const {
+    std::lock_guard lock(mu_);
+    std::vector<std::uint64_t> out;
+    for (const rail& r : rails_) out.push_back(r.writes);
+    return out;
+  }
 
   transport(const transport&) = delete;
   transport& operator=(const transport&) = delete;
@@ -207,7 +233,7 @@ class transport : public proxy::rma_transport_base {
   // Device memory when options::memory asked for it: then only kernels may
   // touch it (local_buffer_on_device()).
   std::span<std::byte> local_buffer() { return {data(), bytes_}; }
-  bool local_buffer_on_device() const { return local_[data_region].memory.on_device(); }
+  bool local_buffer_on_device() const { return memory_[data_region].on_device(); }
 
   // The words wait() reads, one per signal slot, in host memory: what a
   // producer that waits by itself (a proxy::channel in a kernel, through a
@@ -218,7 +244,7 @@ class transport : public proxy::rma_transport_base {
     std::lock_guard lock(mu_);
     check_op("put", peer, local_off, remote_off, bytes);
     if (peer == rank_) {
-      local_[data_region].memory.copy_within(rank_, "put", remote_off, local_off, bytes);
+      memory_[data_region].copy_within(rank_, "put", remote_off, local_off, bytes);
       tickets_.open(0);
       return;
     }
@@ -232,17 +258,17 @@ class transport : public proxy::rma_transport_base {
     check_op("put_signal", peer, local_off, remote_off, bytes);
     check_slot("put_signal", peer, slot);
     if (peer == rank_) {
-      local_[data_region].memory.copy_within(rank_, "put_signal", remote_off, local_off, bytes);
+      memory_[data_region].copy_within(rank_, "put_signal", remote_off, local_off, bytes);
       add_local(slot, n);
       tickets_.open(0);
       return;
     }
     auto& p = peers_[peer];
-    if (bytes > 0 && bytes <= max_write_ && p.writes.idle() && n <= max_signal_increment) {
+    if (bytes > 0 && chunks(bytes) == 1 && p.writes.idle() && n <= max_signal_increment) {
       // Nothing earlier is in flight to this peer: the data write itself
       // carries the signal, and the target counts it when it lands.
       const std::uint64_t ticket = tickets_.open(1);
-      post_write(peer, local_off, remote_off, bytes, ticket, encode_signal(slot, n));
+      post_write(peer, local_off, remote_off, bytes, ticket, encode_signal(slot, n), take_rail(1));
       return;
     }
     const std::uint64_t ticket = tickets_.open(chunks(bytes) + signal_writes(n));
@@ -377,11 +403,21 @@ class transport : public proxy::rma_transport_base {
   static constexpr int control_region = 0;
   static constexpr int data_region = 1;
 
-  // This rank's registration of one region.
-  struct local_region {
-    proxy::symmetric_memory memory;
-    fid_mr* mr = nullptr;
-    void* desc = nullptr;
+  // One endpoint of this rank's, on the device nic_choice.hpp gave it, with
+  // what it needs of its own (the abort lane's objects live in rail 0's
+  // domain).
+  struct rail {
+    fi_info* info = nullptr;
+    std::string domain_name;
+    fid_fabric* fabric = nullptr;
+    fid_domain* domain = nullptr;
+    fid_cq* cq = nullptr;
+    fid_av* av = nullptr;
+    fid_ep* ep = nullptr;
+    fid_mr* mr[2] = {};  // its registrations of control_region and data_region
+    void* desc[2] = {};
+    bool virt_addr = false;    // FI_MR_VIRT_ADDR: peers address its regions by pointer
+    std::uint64_t writes = 0;  // data writes issued on it
   };
   // Where a peer's region is: its key, and its address when FI_MR_VIRT_ADDR
   // (else 0: offsets are from the region's start).
@@ -407,6 +443,7 @@ class transport : public proxy::rma_transport_base {
     std::uint64_t ticket;
     std::uint64_t write;  // index in the peer's write window, or no_ticket for a signal
     int region;           // control_region or data_region, on both sides
+    std::size_t rail;     // on the data path: the rail it goes by
     void* local;
     std::uint64_t remote_off;  // from the start of the peer's region
     std::size_t bytes;
@@ -447,9 +484,14 @@ class transport : public proxy::rma_transport_base {
     }
   };
 
-  struct peer_state {
+  // A peer's endpoint on one rail, and its regions as that rail registered them.
+  struct peer_rail {
     fi_addr_t addr = FI_ADDR_UNSPEC;
     remote_region regions[2];
+  };
+
+  struct peer_state {
+    peer_rail rails[max_rails];
     fi_addr_t abort_addr = FI_ADDR_UNSPEC;  // the peer's abort lane
     remote_region abort_words;              // its control region, as its abort lane registered it
     proxy::completion_window writes;        // every data write to this peer, in issue order
@@ -459,20 +501,24 @@ class transport : public proxy::rma_transport_base {
     std::optional<steady::time_point> exit_seen;
   };
 
-  struct announcement {
+  struct rail_announcement {
     std::uint8_t addr[232];
     std::uint64_t addrlen;
+    remote_region regions[2];
+  };
+  struct announcement {
+    rail_announcement rails[max_rails];
+    std::uint64_t rail_count;
     std::uint8_t abort_addr[232];
     std::uint64_t abort_addrlen;
-    remote_region regions[2];
     remote_region abort_words;
     std::uint64_t bytes;
     proxy::process_identity process;
   };
 
-  std::byte* data() { return local_[data_region].memory.data(); }
+  std::byte* data() { return memory_[data_region].data(); }
   std::uint64_t* abort_words() const {
-    return reinterpret_cast<std::uint64_t*>(local_[control_region].memory.data() + scratch_bytes);
+    return reinterpret_cast<std::uint64_t*>(memory_[control_region].data() + scratch_bytes);
   }
 
   // Counter slots after the user's: barrier arrivals, connection hellos,
@@ -557,9 +603,23 @@ class transport : public proxy::rma_transport_base {
     fail(op, peer, std::string(call) + " failed: " + fi_strerror(static_cast<int>(-rc)));
   }
 
-  // Writes a put of `bytes` takes (max_write_ may be SIZE_MAX: no overflow).
+  // The bytes of each write of a put of `bytes`: max_write_ (which may be
+  // SIZE_MAX), or for a striped put one share per rail, whole pages.
+  std::size_t piece(std::size_t bytes) const {
+    if (rails_.size() < 2 || bytes < stripe_min_) return max_write_;
+    constexpr std::size_t page = 4096;
+    const std::size_t share = (bytes + rails_.size() - 1) / rails_.size();
+    return std::min(max_write_, (share + page - 1) / page * page);
+  }
+  // Writes a put of `bytes` takes (no overflow).
   std::uint32_t chunks(std::size_t bytes) const {
-    return bytes == 0 ? 0 : static_cast<std::uint32_t>(1 + (bytes - 1) / max_write_);
+    return bytes == 0 ? 0 : static_cast<std::uint32_t>(1 + (bytes - 1) / piece(bytes));
+  }
+  // The rail the next of `writes` writes starts on; they take rails in turn.
+  std::size_t take_rail(std::size_t writes) {
+    const std::size_t first = next_rail_;
+    next_rail_ = (next_rail_ + writes) % rails_.size();
+    return first;
   }
   static std::uint32_t signal_writes(std::uint64_t n) {
     return static_cast<std::uint32_t>((n + max_signal_increment - 1) / max_signal_increment);
@@ -567,22 +627,50 @@ class transport : public proxy::rma_transport_base {
 
   // ---- bring-up -----------------------------------------------------------
 
-  // The fi_info of the device this rank drives (nic_choice.hpp), among
-  // `usable` (one entry per domain and provider, libfabric's order); null
-  // when EPCOMM_FI_DOMAIN names a domain none of them has.
-  static fi_info* choose_domain(const std::vector<fi_info*>& usable, const options& opt,
-                                int local_rank, int local_ranks) {
-    if (const std::string named = domain_override(std::getenv("EPCOMM_FI_DOMAIN"), local_rank);
-        !named.empty()) {
-      for (fi_info* i : usable)
-        if (named == i->domain_attr->name) return i;
-      return nullptr;
+  // The fi_info of the device each rail drives (nic_choice.hpp), among
+  // `usable` (one entry per domain and provider, libfabric's order), for
+  // `rails` rails (0: as many as the choice finds, at most max_rails); null
+  // for a rail whose EPCOMM_FI_DOMAIN entry names a domain none of them has.
+  static std::vector<fi_info*> choose_domains(const std::vector<fi_info*>& usable,
+                                              const options& opt, std::size_t rails, int local_rank,
+                                              int local_ranks) {
+    std::vector<fi_info*> out;
+    const char* named = std::getenv("EPCOMM_FI_DOMAIN");
+    if (!domain_override(named, local_rank).empty()) {
+      for (std::size_t k = 0; k < std::max<std::size_t>(rails, 1); ++k) {
+        const std::string name =
+            domain_override(named, local_rank, k, std::max<std::size_t>(rails, 1));
+        const auto i = std::find_if(usable.begin(), usable.end(),
+                                    [&](const fi_info* f) { return name == f->domain_attr->name; });
+        out.push_back(i == usable.end() ? nullptr : *i);
+      }
+      return out;
     }
     const std::vector<fi_info*> firsts = one_per_domain(usable);
     std::vector<nic> nics;
     for (fi_info* i : firsts)
       nics.push_back({i->domain_attr->name, pci_path(sysfs_device(i->nic))});
-    return firsts[choose_nic(nics, gpu_pci_path(opt.memory), local_rank, local_ranks)];
+    for (std::size_t i :
+         choose_nics(nics, gpu_pci_path(opt.memory), local_rank, local_ranks, rails))
+      out.push_back(firsts[i]);
+    out.resize(std::min(out.size(), max_rails));
+    return out;
+  }
+
+  // The rails asked for: EPCOMM_FI_RAILS, else options::rails (0: the choice's).
+  std::size_t requested_rails(const options& opt) {
+    std::size_t rails = opt.rails;
+    std::string from = "options::rails";
+    if (const char* env = std::getenv("EPCOMM_FI_RAILS"); env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(env, &end, 10);
+      rails = *end == '\0' && v != 0 ? static_cast<std::size_t>(v) : max_rails + 1;
+      from = std::string("EPCOMM_FI_RAILS=") + env;
+    }
+    if (rails > max_rails)
+      fail("libfabric setup", no_peer,
+           from + " is not a rail count from 1 to " + std::to_string(max_rails));
+    return rails;
   }
 
   // The first (preferred) fi_info of each domain, in libfabric's order.
@@ -628,7 +716,7 @@ class transport : public proxy::rma_transport_base {
     return {};
   }
 
-  void open_endpoint(const options& opt, int local_rank, int local_ranks) {
+  void open_endpoints(const options& opt, int local_rank, int local_ranks) {
     fi_info* hints = fi_allocinfo();
     if (hints == nullptr) fail("libfabric setup", no_peer, "fi_allocinfo failed");
     hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
@@ -674,44 +762,64 @@ class transport : public proxy::rma_transport_base {
       fail("libfabric setup", no_peer,
            "no " + wanted + " offers 4 bytes of remote CQ data with 64-bit memory keys");
     }
-    fi_info* chosen = choose_domain(usable, opt, local_rank, local_ranks);
-    if (chosen == nullptr) {
+    std::vector<fi_info*> chosen;
+    try {
+      chosen = choose_domains(usable, opt, requested_rails(opt), local_rank, local_ranks);
+    } catch (...) {
+      fi_freeinfo(list);
+      throw;
+    }
+    if (const auto missing = std::find(chosen.begin(), chosen.end(), nullptr);
+        missing != chosen.end()) {
+      const std::size_t k = static_cast<std::size_t>(missing - chosen.begin());
       std::string offered;
       for (const fi_info* i : one_per_domain(usable))
         offered += (offered.empty() ? "" : ", ") + std::string(i->domain_attr->name);
       fi_freeinfo(list);
       fail("libfabric setup", no_peer,
            "EPCOMM_FI_DOMAIN names '" +
-               domain_override(std::getenv("EPCOMM_FI_DOMAIN"), local_rank) + "' for local rank " +
-               std::to_string(local_rank) + ", which " + wanted +
-               " does not offer (offered: " + offered + ")");
+               domain_override(std::getenv("EPCOMM_FI_DOMAIN"), local_rank, k, chosen.size()) +
+               "' for local rank " + std::to_string(local_rank) +
+               (chosen.size() > 1 ? " rail " + std::to_string(k) : std::string()) + ", which " +
+               wanted + " does not offer (offered: " + offered + ")");
     }
-    info_ = fi_dupinfo(chosen);
+    for (fi_info* c : chosen) {
+      rails_.emplace_back();
+      rails_.back().info = fi_dupinfo(c);
+      if (rails_.back().info == nullptr) {
+        fi_freeinfo(list);
+        fail("libfabric setup", no_peer, "fi_dupinfo failed");
+      }
+    }
     fi_freeinfo(list);
-    if (info_ == nullptr) fail("libfabric setup", no_peer, "fi_dupinfo failed");
-    shm_ = std::string_view(info_->fabric_attr->prov_name) == "shm";
-    name_ = std::string("libfabric/") + info_->fabric_attr->prov_name;
-    domain_name_ = info_->domain_attr->name;
-    max_write_ = info_->ep_attr->max_msg_size;
+    const fi_info* first = rails_[0].info;
+    shm_ = std::string_view(first->fabric_attr->prov_name) == "shm";
+    name_ = std::string("libfabric/") + first->fabric_attr->prov_name;
+    max_write_ = SIZE_MAX;
+    for (const rail& r : rails_) max_write_ = std::min(max_write_, r.info->ep_attr->max_msg_size);
     if (opt.max_write != 0) max_write_ = std::min(max_write_, opt.max_write);
     if (max_write_ == 0) fail("libfabric setup", no_peer, "provider reports max_msg_size 0");
+    stripe_min_ = opt.stripe_min;
 
-    long r = fi_fabric(info_->fabric_attr, &fabric_, nullptr);
-    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_fabric", r);
-    r = fi_domain(fabric_, info_, &domain_, nullptr);
-    if (r != 0) fail_fi("libfabric setup", no_peer, "fi_domain", r);
     // Files of this host's dead epcomm processes go first (shm provider).
     if (over_shm()) shm_regions::remove_orphans();
-    open_rdm_endpoint(info_, cq_, av_, ep_);
+    for (rail& r : rails_) {
+      r.domain_name = r.info->domain_attr->name;
+      long rc = fi_fabric(r.info->fabric_attr, &r.fabric, nullptr);
+      if (rc != 0) fail_fi("libfabric setup", no_peer, "fi_fabric", rc);
+      rc = fi_domain(r.fabric, r.info, &r.domain, nullptr);
+      if (rc != 0) fail_fi("libfabric setup", no_peer, "fi_domain", rc);
+      open_rdm_endpoint(r.info, r.domain, r.cq, r.av, r.ep);
+    }
     // The abort lane carries one 8-byte write per peer, once: small queues
     // (a write the provider refuses for now waits in the peer's queue).
-    fi_info* lane = fi_dupinfo(info_);
+    fi_info* lane = fi_dupinfo(first);
     if (lane == nullptr) fail("libfabric setup", no_peer, "fi_dupinfo failed");
     const std::size_t lane_depth = std::max<std::size_t>(64, static_cast<std::size_t>(world_));
     lane->tx_attr->size = std::min(lane->tx_attr->size, lane_depth);
     lane->rx_attr->size = std::min(lane->rx_attr->size, lane_depth);
     try {
-      open_rdm_endpoint(lane, lane_.cq, lane_.av, lane_.ep);
+      open_rdm_endpoint(lane, rails_[0].domain, lane_.cq, lane_.av, lane_.ep);
     } catch (...) {
       fi_freeinfo(lane);
       throw;
@@ -719,21 +827,21 @@ class transport : public proxy::rma_transport_base {
     fi_freeinfo(lane);
   }
 
-  // An endpoint of `info` with a completion queue and an address vector of
-  // its own, enabled. Over the shm provider its file gets an epcomm name, so
-  // that a survivor, or the next start, can tell when it is orphaned.
-  void open_rdm_endpoint(fi_info* info, fid_cq*& cq, fid_av*& av, fid_ep*& ep) {
+  // An endpoint of `info` in `domain` with a completion queue and an address
+  // vector of its own, enabled. Over the shm provider its file gets an epcomm
+  // name, so that a survivor, or the next start, can tell when it is orphaned.
+  void open_rdm_endpoint(fi_info* info, fid_domain* domain, fid_cq*& cq, fid_av*& av, fid_ep*& ep) {
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_DATA;
     cq_attr.wait_obj = FI_WAIT_NONE;
-    long r = fi_cq_open(domain_, &cq_attr, &cq, nullptr);
+    long r = fi_cq_open(domain, &cq_attr, &cq, nullptr);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_cq_open", r);
     fi_av_attr av_attr{};
     av_attr.type = FI_AV_TABLE;
     av_attr.count = static_cast<std::size_t>(world_);
-    r = fi_av_open(domain_, &av_attr, &av, nullptr);
+    r = fi_av_open(domain, &av_attr, &av, nullptr);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_av_open", r);
-    r = fi_endpoint(domain_, info, &ep, nullptr);
+    r = fi_endpoint(domain, info, &ep, nullptr);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_endpoint", r);
     r = fi_ep_bind(ep, &av->fid, 0);
     if (r != 0) fail_fi("libfabric setup", no_peer, "fi_ep_bind(av)", r);
@@ -750,25 +858,30 @@ class transport : public proxy::rma_transport_base {
   }
 
   void allocate_memory(const proxy::memory_placement& data_memory) {
-    local_[control_region].memory = proxy::symmetric_memory(
+    memory_[control_region] = proxy::symmetric_memory(
         rank_, "libfabric setup", scratch_bytes + static_cast<std::size_t>(world_) * 8, {});
-    local_[data_region].memory =
-        proxy::symmetric_memory(rank_, "libfabric setup", bytes_, data_memory);
+    memory_[data_region] = proxy::symmetric_memory(rank_, "libfabric setup", bytes_, data_memory);
   }
 
   void register_memory() {
     // Keys count only where the provider lets the application choose them;
-    // they differ, as keys must within a domain.
-    for (int i : {control_region, data_region})
-      register_region(local_[i].memory, 0x45504330 + static_cast<std::uint64_t>(i), ep_,
-                      local_[i].mr, local_[i].desc);
-    register_region(local_[control_region].memory, 0x45504332, lane_.ep, lane_.mr, lane_.desc);
-    virt_addr_ = (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+    // they differ, as keys must within a domain (rails may share a device).
+    constexpr std::uint64_t key_base = 0x45504330;
+    for (std::size_t k = 0; k < rails_.size(); ++k) {
+      rail& r = rails_[k];
+      for (int i : {control_region, data_region})
+        register_region(r, memory_[i], key_base + 2 * k + static_cast<std::uint64_t>(i), r.ep,
+                        r.mr[i], r.desc[i]);
+      r.virt_addr = (r.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+    }
+    register_region(rails_[0], memory_[control_region], key_base + 2 * max_rails, lane_.ep,
+                    lane_.mr, lane_.desc);
   }
 
-  // Registers `memory` for `ep` (bound to it where the provider wants that).
-  void register_region(const proxy::symmetric_memory& memory, std::uint64_t requested_key,
-                       fid_ep* ep, fid_mr*& mr, void*& desc) {
+  // Registers `memory` in rail `r`'s domain for `ep` (bound to it where the
+  // provider wants that).
+  void register_region(const rail& r, const proxy::symmetric_memory& memory,
+                       std::uint64_t requested_key, fid_ep* ep, fid_mr*& mr, void*& desc) {
     const iovec iov{memory.data(), memory.bytes()};
     fi_mr_attr attr{};
     attr.mr_iov = &iov;
@@ -780,11 +893,11 @@ class transport : public proxy::rma_transport_base {
       attr.iface = FI_HMEM_CUDA;
       attr.device.cuda = memory.placement().cuda_device;
     }
-    long rc = fi_mr_regattr(domain_, &attr, 0, &mr);
+    long rc = fi_mr_regattr(r.domain, &attr, 0, &mr);
     if (rc != 0)
       fail_fi("libfabric setup", no_peer,
               memory.on_device() ? "fi_mr_regattr (FI_HMEM_CUDA)" : "fi_mr_regattr", rc);
-    if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
+    if (r.info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
       rc = fi_mr_bind(mr, &ep->fid, 0);
       if (rc != 0) fail_fi("libfabric setup", no_peer, "fi_mr_bind", rc);
       rc = fi_mr_enable(mr);
@@ -796,11 +909,15 @@ class transport : public proxy::rma_transport_base {
   template <bootstrap B>
   void exchange(B& boot, const deadline& dl) {
     announcement mine{};
-    mine.addrlen = address_of(ep_, mine.addr);
+    mine.rail_count = rails_.size();
+    for (std::size_t k = 0; k < rails_.size(); ++k) {
+      rail_announcement& a = mine.rails[k];
+      a.addrlen = address_of(rails_[k].ep, a.addr);
+      for (int i : {control_region, data_region})
+        a.regions[i] = announced(rails_[k], rails_[k].mr[i], memory_[i]);
+    }
     mine.abort_addrlen = address_of(lane_.ep, mine.abort_addr);
-    for (int i : {control_region, data_region})
-      mine.regions[i] = announced(local_[i].mr, local_[i].memory);
-    mine.abort_words = announced(lane_.mr, local_[control_region].memory);
+    mine.abort_words = announced(rails_[0], lane_.mr, memory_[control_region]);
     mine.bytes = bytes_;
     mine.process = self_;
     const auto gathered = boot.all_gather(std::as_bytes(std::span(&mine, 1)), dl);
@@ -811,12 +928,22 @@ class transport : public proxy::rma_transport_base {
         fail("libfabric setup", p,
              "buffer sizes disagree: " + std::to_string(all[p].bytes) + " bytes there, " +
                  std::to_string(bytes_) + " here");
-      if (fi_av_insert(av_, all[p].addr, 1, &peers_[p].addr, 0, nullptr) != 1 ||
-          fi_av_insert(lane_.av, all[p].abort_addr, 1, &peers_[p].abort_addr, 0, nullptr) != 1)
-        fail("libfabric setup", p, "fi_av_insert rejected the peer's address");
+      if (all[p].rail_count != rails_.size())
+        fail("libfabric setup", p,
+             "rail counts disagree: " + std::to_string(all[p].rail_count) + " there, " +
+                 std::to_string(rails_.size()) +
+                 " here (options::rails, EPCOMM_FI_RAILS or the devices found differ)");
+      for (std::size_t k = 0; k < rails_.size(); ++k) {
+        if (fi_av_insert(rails_[k].av, all[p].rails[k].addr, 1, &peers_[p].rails[k].addr, 0,
+                         nullptr) != 1)
+          fail("libfabric setup", p,
+               "fi_av_insert rejected the peer's address on rail " + std::to_string(k));
+        peers_[p].rails[k].regions[control_region] = all[p].rails[k].regions[control_region];
+        peers_[p].rails[k].regions[data_region] = all[p].rails[k].regions[data_region];
+      }
+      if (fi_av_insert(lane_.av, all[p].abort_addr, 1, &peers_[p].abort_addr, 0, nullptr) != 1)
+        fail("libfabric setup", p, "fi_av_insert rejected the peer's abort-lane address");
       processes_[p] = all[p].process;
-      peers_[p].regions[control_region] = all[p].regions[control_region];
-      peers_[p].regions[data_region] = all[p].regions[data_region];
       peers_[p].abort_words = all[p].abort_words;
     }
   }
@@ -833,12 +960,12 @@ class transport : public proxy::rma_transport_base {
     return len;
   }
 
-  // What peers need to write into `memory` through the registration `mr`.
-  remote_region announced(fid_mr* mr, const proxy::symmetric_memory& memory) {
+  // What peers need to write into `memory` through rail `r`'s registration `mr`.
+  remote_region announced(const rail& r, fid_mr* mr, const proxy::symmetric_memory& memory) {
     const std::uint64_t key = fi_mr_key(mr);
     if (key == FI_KEY_NOTAVAIL)
       fail("libfabric setup", no_peer, "the provider did not give a memory region a key");
-    return {key, virt_addr_ ? reinterpret_cast<std::uint64_t>(memory.data()) : 0};
+    return {key, r.virt_addr ? reinterpret_cast<std::uint64_t>(memory.data()) : 0};
   }
 
   // The shm provider, whose endpoints keep a file each in /dev/shm.
@@ -846,28 +973,25 @@ class transport : public proxy::rma_transport_base {
 
   void close() {
     // A peer that died without closing left its file (shm_regions.hpp).
-    if (over_shm() && ep_ != nullptr) shm_regions::remove_orphans();
-    for (fid_ep* ep : {ep_, lane_.ep})
-      if (ep != nullptr) fi_close(&ep->fid);
-    for (local_region& r : local_) {
-      if (r.mr != nullptr) fi_close(&r.mr->fid);
-      r.mr = nullptr;
-    }
+    if (over_shm() && !rails_.empty() && rails_[0].ep != nullptr) shm_regions::remove_orphans();
+    if (lane_.ep != nullptr) fi_close(&lane_.ep->fid);
+    for (rail& r : rails_)
+      if (r.ep != nullptr) fi_close(&r.ep->fid);
+    for (rail& r : rails_)
+      for (fid_mr* mr : r.mr)
+        if (mr != nullptr) fi_close(&mr->fid);
     if (lane_.mr != nullptr) fi_close(&lane_.mr->fid);
-    for (fid_av* av : {av_, lane_.av})
-      if (av != nullptr) fi_close(&av->fid);
-    for (fid_cq* cq : {cq_, lane_.cq})
-      if (cq != nullptr) fi_close(&cq->fid);
+    if (lane_.av != nullptr) fi_close(&lane_.av->fid);
+    if (lane_.cq != nullptr) fi_close(&lane_.cq->fid);
     lane_ = {};
-    if (domain_ != nullptr) fi_close(&domain_->fid);
-    if (fabric_ != nullptr) fi_close(&fabric_->fid);
-    if (info_ != nullptr) fi_freeinfo(info_);
-    ep_ = nullptr;
-    av_ = nullptr;
-    cq_ = nullptr;
-    domain_ = nullptr;
-    fabric_ = nullptr;
-    info_ = nullptr;
+    for (rail& r : rails_) {
+      if (r.av != nullptr) fi_close(&r.av->fid);
+      if (r.cq != nullptr) fi_close(&r.cq->fid);
+      if (r.domain != nullptr) fi_close(&r.domain->fid);
+      if (r.fabric != nullptr) fi_close(&r.fabric->fid);
+      if (r.info != nullptr) fi_freeinfo(r.info);
+    }
+    rails_.clear();
   }
 
   // Connection-based providers (rxm) connect on first use. Connecting here
@@ -879,14 +1003,15 @@ class transport : public proxy::rma_transport_base {
   // connectionless provider (EFA) just exchanges a few signals.
   void connect_in_order(const deadline& dl) {
     std::unique_lock lock(mu_);
-    auto* scratch = reinterpret_cast<std::uint64_t*>(local_[control_region].memory.data());
+    auto* scratch = reinterpret_cast<std::uint64_t*>(memory_[control_region].data());
     for (int p = rank_ + 1; p < world_; ++p) {
-      post_signal(p, hello_slot(rank_), 1, no_ticket);
+      for (std::size_t k = 0; k < rails_.size(); ++k)  // one hello on every rail
+        post_signal(p, hello_slot(rank_), 1, no_ticket, k);
       std::lock_guard lane(lane_mu_);
       post_on_lane(p, scratch, 0, lane_hello_slot(rank_));  // the abort lane too
     }
     auto greeted = [&](int p) {
-      return counter(hello_slot(p)) != 0 && counter(lane_hello_slot(p)) != 0;
+      return counter(hello_slot(p)) == rails_.size() && counter(lane_hello_slot(p)) != 0;
     };
     auto connected = [&] {
       if (busy()) return false;
@@ -920,22 +1045,29 @@ class transport : public proxy::rma_transport_base {
 
   void post_writes(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
                    std::uint64_t ticket) {
+    const std::size_t each = piece(bytes);
+    std::size_t rail = take_rail(chunks(bytes));
     for (std::size_t off = 0, len = 0; off < bytes; off += len) {
-      len = std::min(max_write_, bytes - off);
-      post_write(peer, local_off + off, remote_off + off, len, ticket, std::nullopt);
+      len = std::min(each, bytes - off);
+      post_write(peer, local_off + off, remote_off + off, len, ticket, std::nullopt, rail);
+      rail = (rail + 1) % rails_.size();
     }
   }
 
   void post_write(int peer, std::size_t local_off, std::size_t remote_off, std::size_t bytes,
-                  std::uint64_t ticket, std::optional<std::uint64_t> cq_data) {
+                  std::uint64_t ticket, std::optional<std::uint64_t> cq_data, std::size_t rail) {
     auto& p = peers_[peer];
     posted* op = ops_.acquire(peer, ticket, p.writes.open(1));
+    op->rail = rail;
+    ++rails_[rail].writes;
     post(op, data_region, data() + local_off, remote_off, bytes, cq_data);
   }
 
-  void post_signal(int peer, std::size_t slot, std::uint64_t n, std::uint64_t ticket) {
+  void post_signal(int peer, std::size_t slot, std::uint64_t n, std::uint64_t ticket,
+                   std::size_t rail = 0) {
     posted* op = ops_.acquire(peer, ticket, no_ticket);
-    post(op, control_region, local_[control_region].memory.data(), 0, sizeof(std::uint64_t),
+    op->rail = rail;
+    post(op, control_region, memory_[control_region].data(), 0, sizeof(std::uint64_t),
          encode_signal(slot, n));
   }
 
@@ -1033,22 +1165,23 @@ class transport : public proxy::rma_transport_base {
   // draining cannot stall the proxy or, through it, the other peers.
   ssize_t write_now(posted* op) {
     const peer_state& peer = peers_[op->peer];
-    const remote_region& to = op->on_abort_lane ? peer.abort_words : peer.regions[op->region];
+    const peer_rail& there = peer.rails[op->rail];
+    const remote_region& to = op->on_abort_lane ? peer.abort_words : there.regions[op->region];
     iovec iov{op->local, op->bytes};
-    void* desc = op->on_abort_lane ? lane_.desc : local_[op->region].desc;
+    void* desc = op->on_abort_lane ? lane_.desc : rails_[op->rail].desc[op->region];
     fi_rma_iov target{to.base + op->remote_off, op->bytes, to.key};
     fi_msg_rma msg{};
     msg.msg_iov = &iov;
     msg.desc = &desc;
     msg.iov_count = 1;
-    msg.addr = op->on_abort_lane ? peer.abort_addr : peer.addr;
+    msg.addr = op->on_abort_lane ? peer.abort_addr : there.addr;
     msg.rma_iov = &target;
     msg.rma_iov_count = 1;
     msg.context = &op->ctx;
     msg.data = op->cq_data.value_or(0);
     const std::uint64_t flags =
         FI_COMPLETION | FI_DELIVERY_COMPLETE | (op->cq_data ? FI_REMOTE_CQ_DATA : 0);
-    return fi_writemsg(op->on_abort_lane ? lane_.ep : ep_, &msg, flags);
+    return fi_writemsg(op->on_abort_lane ? lane_.ep : rails_[op->rail].ep, &msg, flags);
   }
 
   // Queued writes to a peer that exited never go: they are dropped (with the
@@ -1130,7 +1263,7 @@ class transport : public proxy::rma_transport_base {
       std::lock_guard lane(lane_mu_);
       progress_lane();  // an abort first: it names the root cause
     }
-    drain_cq(cq_);
+    for (const rail& r : rails_) drain_cq(r.cq);
     if (lost_.masking())
       find_exited_peers([&](int p) { lose_peer(p, {}); });
     else
@@ -1251,17 +1384,12 @@ class transport : public proxy::rma_transport_base {
   }
 
   std::size_t max_write_ = 0;
+  std::size_t stripe_min_ = 0;
+  std::size_t next_rail_ = 0;  // where the next put starts (take_rail)
 
-  fi_info* info_ = nullptr;
   bool shm_ = false;  // the provider is shm (over_shm())
-  std::string domain_name_;
-  fid_fabric* fabric_ = nullptr;
-  fid_domain* domain_ = nullptr;
-  fid_cq* cq_ = nullptr;
-  fid_av* av_ = nullptr;
-  fid_ep* ep_ = nullptr;
-  local_region local_[2];  // control_region, data_region
-  bool virt_addr_ = false;
+  std::vector<rail> rails_;
+  proxy::symmetric_memory memory_[2];  // control_region, data_region
   // The abort lane: an endpoint for abort words only, with what it needs of
   // its own, its registration of the control region, its operations and
   // their lock.
