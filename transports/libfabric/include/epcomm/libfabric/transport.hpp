@@ -460,7 +460,8 @@ class transport : public proxy::rma_transport_base {
     std::vector<std::unique_ptr<posted>> all;
     std::vector<posted*> free;
     std::size_t outstanding = 0;
-    std::size_t abandoned = 0;  // of the outstanding ones
+    std::size_t abandoned = 0;    // of the outstanding ones
+    std::vector<std::size_t> to;  // the outstanding ones by peer
 
     posted* acquire(int peer, std::uint64_t ticket, std::uint64_t write) {
       if (free.empty()) {
@@ -475,12 +476,19 @@ class transport : public proxy::rma_transport_base {
       op->write = write;
       op->live = true;
       ++outstanding;
+      if (to.size() <= static_cast<std::size_t>(peer))
+        to.resize(static_cast<std::size_t>(peer) + 1);
+      ++to[static_cast<std::size_t>(peer)];
       return op;
     }
     void release(posted* op) {
       op->live = false;
       free.push_back(op);
       --outstanding;
+      --to[static_cast<std::size_t>(op->peer)];
+    }
+    std::size_t outstanding_to(int peer) const {
+      return static_cast<std::size_t>(peer) < to.size() ? to[static_cast<std::size_t>(peer)] : 0;
     }
   };
 
@@ -1222,8 +1230,7 @@ class transport : public proxy::rma_transport_base {
   static constexpr std::chrono::milliseconds unanswered_grace{250};
   void fail_if_unanswered(int peer) {
     if (steady::now() - *peers_[peer].exit_seen < unanswered_grace) return;
-    std::size_t open = 0;
-    for (const auto& op : ops_.all) open += op->live && op->peer == peer ? 1 : 0;
+    std::size_t open = ops_.outstanding_to(peer);
     open -= std::min(open, peers_[peer].backlog.size());  // queued: retry_backlog's
     if (open != 0)
       fail("libfabric write", peer,
