@@ -416,7 +416,6 @@ class transport : public proxy::rma_transport_base {
     fid_ep* ep = nullptr;
     fid_mr* mr[2] = {};  // its registrations of control_region and data_region
     void* desc[2] = {};
-    bool virt_addr = false;    // FI_MR_VIRT_ADDR: peers address its regions by pointer
     std::uint64_t writes = 0;  // data writes issued on it
   };
   // Where a peer's region is: its key, and its address when FI_MR_VIRT_ADDR
@@ -645,9 +644,9 @@ class transport : public proxy::rma_transport_base {
     std::vector<fi_info*> out;
     const char* named = std::getenv("EPCOMM_FI_DOMAIN");
     if (!domain_override(named, local_rank).empty()) {
-      for (std::size_t k = 0; k < std::max<std::size_t>(rails, 1); ++k) {
-        const std::string name =
-            domain_override(named, local_rank, k, std::max<std::size_t>(rails, 1));
+      const std::size_t count = std::max<std::size_t>(rails, 1);  // named: one unless asked
+      for (std::size_t k = 0; k < count; ++k) {
+        const std::string name = domain_override(named, local_rank, k, count);
         const auto i = std::find_if(usable.begin(), usable.end(),
                                     [&](const fi_info* f) { return name == f->domain_attr->name; });
         out.push_back(i == usable.end() ? nullptr : *i);
@@ -880,7 +879,6 @@ class transport : public proxy::rma_transport_base {
       for (int i : {control_region, data_region})
         register_region(r, memory_[i], key_base + 2 * k + static_cast<std::uint64_t>(i), r.ep,
                         r.mr[i], r.desc[i]);
-      r.virt_addr = (r.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
     }
     register_region(rails_[0], memory_[control_region], key_base + 2 * max_rails, lane_.ep,
                     lane_.mr, lane_.desc);
@@ -968,12 +966,14 @@ class transport : public proxy::rma_transport_base {
     return len;
   }
 
-  // What peers need to write into `memory` through rail `r`'s registration `mr`.
+  // What peers need to write into `memory` through rail `r`'s registration
+  // `mr`: with FI_MR_VIRT_ADDR they address it by pointer.
   remote_region announced(const rail& r, fid_mr* mr, const proxy::symmetric_memory& memory) {
     const std::uint64_t key = fi_mr_key(mr);
     if (key == FI_KEY_NOTAVAIL)
       fail("libfabric setup", no_peer, "the provider did not give a memory region a key");
-    return {key, r.virt_addr ? reinterpret_cast<std::uint64_t>(memory.data()) : 0};
+    const bool virt_addr = (r.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+    return {key, virt_addr ? reinterpret_cast<std::uint64_t>(memory.data()) : 0};
   }
 
   // The shm provider, whose endpoints keep a file each in /dev/shm.
