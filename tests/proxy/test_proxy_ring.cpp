@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -134,6 +135,10 @@ class scripted_transport {
   bool in_stuck_put() const { return in_stuck_put_.load(); }
   std::uint64_t progress_calls() const { return progress_calls_.load(); }
 
+  // has_peer_exit: a peer's process is gone once the test says so.
+  void exit_peer(int peer) { exited_.fetch_or(1u << peer); }
+  bool peer_exited(int peer) const { return (exited_.load() >> peer & 1u) != 0; }
+
   // has_leave_open: only records that it was called.
   void leave_open() noexcept { left_open_.store(true); }
   bool left_open() const { return left_open_.load(); }
@@ -152,10 +157,12 @@ class scripted_transport {
   std::shared_future<void> stuck_until_;  // written before stuck_puts_ is set, read after
   std::atomic<bool> stuck_puts_{false}, in_stuck_put_{false}, left_open_{false};
   std::atomic<std::uint64_t> progress_calls_{0};
+  std::atomic<unsigned> exited_{0};  // bit per peer
 };
 
 static_assert(has_completion_count<scripted_transport>);
 static_assert(has_leave_open<scripted_transport>);
+static_assert(has_peer_exit<scripted_transport>);
 
 }  // namespace
 
@@ -352,6 +359,37 @@ TEST_CASE("a proxy thread stuck in a transport call is left behind at destructio
   // stuck_after (2 s) from the call's start, not the drain timeout (5 s).
   CHECK(took >= 2s);
   CHECK(took < 5s);
+}
+
+// A quiet that outlasts its deadline because the proxy thread is held in the
+// transport blames a peer whose process exited, when there is one: over
+// libfabric's shm provider that peer's death is what holds the thread.
+TEST_CASE("a quiet held up by a stuck proxy thread names a peer that exited") {
+  scripted_transport t;
+  std::promise<void> release;
+  proxy::engine<scripted_transport> engine(t);
+  t.stick_puts(release.get_future().share());
+  engine.push(0, proxy::op_code::put, 1, 0, 0, 8, 0, 0, deadline::after(10s));
+  REQUIRE(eventually([&] { return t.in_stuck_put(); }));
+  auto quiet_error = [&]() -> std::optional<error> {
+    try {
+      engine.quiet(0, deadline::after(100ms));
+    } catch (const error& e) {
+      return e;
+    }
+    return std::nullopt;
+  };
+  const std::optional<error> alive = quiet_error();
+  REQUIRE(alive);
+  CHECK(alive->peer() == no_peer);
+  CHECK(std::string(alive->what()).find("deadline expired") != std::string::npos);
+  t.exit_peer(3);
+  const std::optional<error> gone = quiet_error();
+  REQUIRE(gone);
+  CHECK(gone->peer() == 3);
+  CHECK(std::string(gone->what()).find("peer process exited") != std::string::npos);
+  CHECK(std::string(gone->what()).find("deadline expired") == std::string::npos);
+  release.set_value();
 }
 
 // What the owner of a transport and its proxy does with a stuck thread: it

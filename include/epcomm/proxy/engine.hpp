@@ -198,10 +198,17 @@ class engine {
     const ring_view r = views_.at(channel);
     if (!epcomm::detail::spin_wait([&] { return drained(r); }, dl, [&] { failure_.rethrow(); })) {
       failure_.rethrow();
-      throw error(transport_.rank(), "proxy quiet", no_peer,
-                  "deadline expired with " +
-                      std::to_string(r.header->head - load_acquire(&r.header->tail)) +
-                      " operations of channel " + std::to_string(channel) + " incomplete");
+      const std::string incomplete =
+          std::to_string(r.header->head - load_acquire(&r.header->tail)) +
+          " operations of channel " + std::to_string(channel) + " incomplete";
+      // A peer that exited is why, when one has: the proxy thread may be
+      // held in the provider on a lock it held (libfabric's shm provider).
+      if constexpr (has_peer_exit<T>)
+        for (int p = 0; p < transport_.world_size(); ++p)
+          if (p != transport_.rank() && transport_.peer_exited(p))
+            throw error(transport_.rank(), "proxy quiet", p,
+                        "peer process exited; waited out the deadline with " + incomplete);
+      throw error(transport_.rank(), "proxy quiet", no_peer, "deadline expired with " + incomplete);
     }
     failure_.rethrow();
   }
