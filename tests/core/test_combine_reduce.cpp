@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "epcomm/core/combine_reduce.hpp"
+#include "support/simd_isas.hpp"
 
 using namespace epcomm;
 
@@ -63,17 +64,8 @@ T draw(std::mt19937& gen) {
   }
 }
 
-// Every instruction set the reduction may run with here, narrowest first.
-std::vector<detail::reduce_isa> runnable_isas() {
-  std::vector<detail::reduce_isa> isas;
-  for (auto isa :
-       {detail::reduce_isa::baseline, detail::reduce_isa::avx2, detail::reduce_isa::avx512})
-    if (isa <= detail::widest_reduce_isa()) isas.push_back(isa);
-  return isas;
-}
-
 template <class Out, class Row>
-void check_against_plain(detail::reduce_isa isa, std::uint32_t seed) {
+void check_against_plain(detail::simd_isa isa, std::uint32_t seed) {
   std::mt19937 gen(seed);
   for (std::size_t hidden : {1u, 7u, 63u, 64u, 65u, 128u, 200u, 2048u, 7168u}) {
     for (std::size_t nrows = 0; nrows <= 9; nrows += 3) {
@@ -103,8 +95,8 @@ void check_against_plain(detail::reduce_isa isa, std::uint32_t seed) {
 }  // namespace
 
 TEST_CASE("reduce_token equals the per-channel loop bit for bit, on every instruction set") {
-  MESSAGE("instruction sets checked: ", runnable_isas().size(), " of 3");
-  for (auto isa : runnable_isas()) {
+  MESSAGE("instruction sets checked: ", test::runnable_simd_isas().size(), " of 3");
+  for (auto isa : test::runnable_simd_isas()) {
     check_against_plain<bf16, bf16>(isa, 1);
     check_against_plain<float, float>(isa, 2);
     check_against_plain<float, bf16>(isa, 3);  // hierarchical partial sums
@@ -119,7 +111,7 @@ TEST_CASE("reduce_token equals the per-channel loop bit for bit, on every instru
 TEST_CASE(
     "reduce_token_weighted equals the weighted per-channel loop bit for bit, on every "
     "instruction set") {
-  for (auto isa : runnable_isas()) {
+  for (auto isa : test::runnable_simd_isas()) {
     std::mt19937 gen(5);
     std::normal_distribution<float> weight(0.0f, 1.0f);
     for (std::size_t hidden : {1u, 65u, 128u, 7168u}) {

@@ -27,6 +27,7 @@
 #include <span>
 #include <vector>
 
+#include "epcomm/core/simd_isa.hpp"
 #include "epcomm/core/token_types.hpp"
 
 namespace epcomm {
@@ -65,55 +66,33 @@ inline void reduce_channels(Out* out, std::size_t hidden, std::span<const Row* c
   for (; c < hidden; ++c) reduce_block<1>(out, c, rows, weights, bias_0, bias_1);
 }
 
-// The instruction sets reduce_channels is compiled for, narrowest first.
-enum class reduce_isa { baseline, avx2, avx512 };
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define EPCOMM_REDUCE_MULTIVERSION 1
-
-// flatten inlines reduce_channels and everything below it, so that all of it is
-// compiled for the target (a callee built for the baseline may be inlined into
-// a wider caller, not the other way round).
+#ifdef EPCOMM_SIMD_MULTIVERSION
 template <class Out, class Row>
-[[gnu::target("avx2"), gnu::flatten]] void reduce_channels_avx2(Out* out, std::size_t hidden,
-                                                                std::span<const Row* const> rows,
-                                                                const float* weights,
-                                                                const Out* bias_0,
-                                                                const Out* bias_1) {
+EPCOMM_TARGET_AVX2 void reduce_channels_avx2(Out* out, std::size_t hidden,
+                                             std::span<const Row* const> rows, const float* weights,
+                                             const Out* bias_0, const Out* bias_1) {
   reduce_channels(out, hidden, rows, weights, bias_0, bias_1);
 }
 
 template <class Out, class Row>
-[[gnu::target("avx512f,avx512bw,avx512vl"), gnu::flatten]] void reduce_channels_avx512(
-    Out* out, std::size_t hidden, std::span<const Row* const> rows, const float* weights,
-    const Out* bias_0, const Out* bias_1) {
+EPCOMM_TARGET_AVX512 void reduce_channels_avx512(Out* out, std::size_t hidden,
+                                                 std::span<const Row* const> rows,
+                                                 const float* weights, const Out* bias_0,
+                                                 const Out* bias_1) {
   reduce_channels(out, hidden, rows, weights, bias_0, bias_1);
 }
-
-inline reduce_isa widest_reduce_isa() noexcept {
-  static const reduce_isa widest = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-      return reduce_isa::avx512;
-    return __builtin_cpu_supports("avx2") ? reduce_isa::avx2 : reduce_isa::baseline;
-  }();
-  return widest;
-}
-#else
-inline reduce_isa widest_reduce_isa() noexcept { return reduce_isa::baseline; }
 #endif
 
 // reduce_channels compiled for `isa`, which must not be wider than
-// widest_reduce_isa(); weighted sums are done with AVX2 at the widest.
+// widest_simd_isa(); weighted sums are done with AVX2 at the widest.
 template <class Out, class Row>
-inline void reduce_channels_on(reduce_isa isa, Out* out, std::size_t hidden,
+inline void reduce_channels_on(simd_isa isa, Out* out, std::size_t hidden,
                                std::span<const Row* const> rows, const float* weights,
                                const Out* bias_0, const Out* bias_1) {
-#ifdef EPCOMM_REDUCE_MULTIVERSION
-  if (isa == reduce_isa::avx512 && weights == nullptr)
+#ifdef EPCOMM_SIMD_MULTIVERSION
+  if (isa == simd_isa::avx512 && weights == nullptr)
     return reduce_channels_avx512(out, hidden, rows, weights, bias_0, bias_1);
-  if (isa != reduce_isa::baseline)
+  if (isa != simd_isa::baseline)
     return reduce_channels_avx2(out, hidden, rows, weights, bias_0, bias_1);
 #endif
   (void)isa;
@@ -127,8 +106,7 @@ inline void reduce_channels_on(reduce_isa isa, Out* out, std::size_t hidden,
 template <class Out, class Row>
 inline void reduce_token(Out* out, std::size_t hidden, std::span<const Row* const> rows,
                          const Out* bias_0 = nullptr, const Out* bias_1 = nullptr) {
-  detail::reduce_channels_on(detail::widest_reduce_isa(), out, hidden, rows, nullptr, bias_0,
-                             bias_1);
+  detail::reduce_channels_on(detail::widest_simd_isa(), out, hidden, rows, nullptr, bias_0, bias_1);
 }
 
 // out[c] = round<Out>(weights[0] * rows[0][c] + weights[1] * rows[1][c] + ...),
@@ -136,7 +114,7 @@ inline void reduce_token(Out* out, std::size_t hidden, std::span<const Row* cons
 template <class Out, class Row>
 inline void reduce_token_weighted(Out* out, std::size_t hidden, std::span<const Row* const> rows,
                                   const float* weights) {
-  detail::reduce_channels_on<Out, Row>(detail::widest_reduce_isa(), out, hidden, rows, weights,
+  detail::reduce_channels_on<Out, Row>(detail::widest_simd_isa(), out, hidden, rows, weights,
                                        nullptr, nullptr);
 }
 
