@@ -1,6 +1,7 @@
 // Per-128-element fp8 scaling: the scale arithmetic, error bounds of a
 // quantise/dequantise round trip, UE8M0 (power-of-two) scales, and edge blocks.
 #include "epcomm/core/fp8_scaling.hpp"
+#include "support/simd_isas.hpp"
 
 #include <doctest/doctest.h>
 
@@ -161,4 +162,80 @@ TEST_CASE("quantize_fp8_row is quantize_fp8_block per block") {
   }
   CHECK(row_scales == block_scales);
   CHECK(by_row == by_block);
+}
+
+namespace {
+
+// Rows quantised with every instruction set this CPU runs must equal the
+// scalar blocks bit for bit (scales too), whatever the input type and scale.
+template <class T>
+void check_isas_against_blocks(const std::vector<T>& in, bool pow2) {
+  const int hidden = static_cast<int>(in.size());
+  std::vector<fp8_e4m3> want(hidden);
+  std::vector<float> want_scales(hidden / fp8_block);
+  for (int b = 0; b < hidden / fp8_block; ++b)
+    epcomm::quantize_fp8_block(in.data() + b * fp8_block, fp8_block, want.data() + b * fp8_block,
+                               want_scales.data() + b, pow2);
+  for (auto isa : epcomm::test::runnable_simd_isas()) {
+    CAPTURE(static_cast<int>(isa));
+    std::vector<fp8_e4m3> got(hidden);
+    std::vector<float> scales(hidden / fp8_block);
+    epcomm::detail::quantize_fp8_row_on(isa, in.data(), hidden, got.data(), scales.data(), pow2);
+    for (int b = 0; b < hidden / fp8_block; ++b)
+      REQUIRE(bit_cast<std::uint32_t>(scales[b]) == bit_cast<std::uint32_t>(want_scales[b]));
+    // The first element that differs, if any (one assertion per row).
+    int i = 0;
+    while (i < hidden && got[i].bits == want[i].bits) ++i;
+    if (i < hidden) {
+      CAPTURE(i);
+      CAPTURE(bit_cast<std::uint32_t>(epcomm::to_float(in[i])));
+      REQUIRE(got[i].bits == want[i].bits);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the vectorised row cast gives the scalar blocks' bits on every instruction set") {
+  MESSAGE("instruction sets checked: ", epcomm::test::runnable_simd_isas().size(), " of 3");
+  for (const bool pow2 : {false, true}) {
+    CAPTURE(pow2);
+    for (std::uint32_t seed : {1u, 2u, 3u}) {
+      const std::vector<float> row = make_row(7168, seed);
+      check_isas_against_blocks(row, pow2);
+      std::vector<bf16> row16(row.size());
+      for (std::size_t i = 0; i < row.size(); ++i) row16[i] = epcomm::to_bf16(row[i]);
+      check_isas_against_blocks(row16, pow2);
+    }
+  }
+}
+
+// Each block starts with 448, so its inverse scale is exactly 1 and the other
+// 127 elements are cast as they are: every float of magnitude up to 448, NaNs
+// included, in strides over the whole range and densely where e4m3 turns from
+// subnormal to normal and where it rounds to its largest value.
+TEST_CASE("the vectorised cast equals to_fp8_e4m3 across the float range") {
+  std::vector<float> row;
+  std::uint64_t cast = 0;
+  const auto flush = [&] {
+    while (row.size() % fp8_block != 0) row.push_back(0.0f);
+    check_isas_against_blocks(row, false);
+    cast += row.size();
+    row.clear();
+  };
+  const auto add = [&](std::uint32_t bits) {
+    const float x = bit_cast<float>(bits);
+    if (!(std::fabs(x) <= 448.0f) && !std::isnan(x)) return;  // would raise the block's amax
+    if (row.size() % fp8_block == 0) row.push_back(448.0f);
+    row.push_back(x);
+    if (row.size() == 64 * fp8_block) flush();
+  };
+  for (std::uint64_t bits = 0; bits <= 0xFFFF'FFFFu; bits += 4099)
+    add(static_cast<std::uint32_t>(bits));
+  for (std::uint32_t sign : {0u, 0x8000'0000u}) {
+    for (std::uint32_t bits = 0x3A00'0000u; bits < 0x3D00'0000u; bits += 3) add(sign | bits);
+    for (std::uint32_t bits = 0x43D0'0000u; bits <= 0x43E0'0000u; ++bits) add(sign | bits);
+  }
+  flush();
+  MESSAGE("floats cast: ", cast);
 }
