@@ -51,6 +51,13 @@ class rma_transport_base {
     return lost_.lost(peer) || exited(processes_[peer], self_);
   }
 
+  // The lowest rank known gone (peer_exited), or no_peer.
+  int first_exited_peer() const {
+    for (int p = 0; p < world_; ++p)
+      if (peer_exited(p)) return p;
+    return no_peer;
+  }
+
  protected:
   rma_transport_base(int rank, int world, std::size_t bytes, std::size_t user_slots,
                      std::chrono::milliseconds timeout, std::string name)
@@ -120,8 +127,14 @@ class rma_transport_base {
     std::uint64_t epoch;
     {
       std::unique_lock lock(mu_, std::defer_lock);
-      if (!lock_by(lock, dl))
-        fail("barrier", no_peer, "deadline expired while the fabric provider was held up");
+      if (!lock_by(lock, dl)) {
+        // A peer that exited is why, when one has: the provider may be held
+        // on a lock it held (libfabric's shm provider).
+        const int gone = first_exited_peer();
+        fail("barrier", gone,
+             std::string(gone == no_peer ? "" : "peer process exited; ") +
+                 "deadline expired while the fabric provider was held up");
+      }
       check_usable("barrier");
       epoch = ++barrier_epoch_;
       for (int p = 0; p < world_; ++p) {
